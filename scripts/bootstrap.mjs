@@ -1,0 +1,139 @@
+// The README's two commands run through here: `npm start` and `npm test` (and `npm run bench`).
+// This file has no dependencies, so it can run on a fresh clone: it installs npm packages when the
+// lockfile changed, builds the TypeScript, finds or installs nats-server 2.10+, then hands over.
+import { spawn, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
+import { join, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+const [command = "start", ...rest] = process.argv.slice(2);
+const quiet = command === "start";
+
+function step(what) {
+  if (!quiet || process.env.CALLPLANE_VERBOSE) console.error(`[callplane] ${what}`);
+}
+
+function run(cmd, args, opts = {}) {
+  const r = spawnSync(cmd, args, {
+    cwd: root,
+    stdio: opts.capture ? ["ignore", "pipe", "inherit"] : "inherit",
+    encoding: "utf8",
+    env: opts.env ?? process.env,
+  });
+  if (r.error) throw r.error;
+  if (r.status !== 0) {
+    console.error(
+      `[callplane] ${opts.what ?? `${cmd} ${args.join(" ")}`} failed (exit ${r.status ?? r.signal})`,
+    );
+    process.exit(r.status ?? 1);
+  }
+  return r.stdout;
+}
+
+function ensureDependencies() {
+  const lock = readFileSync(join(root, "package-lock.json"));
+  const want = createHash("sha256").update(lock).digest("hex");
+  const stamp = join(root, "node_modules", ".callplane-deps");
+  if (existsSync(stamp) && readFileSync(stamp, "utf8") === want) return;
+  console.error(
+    "[callplane] installing npm packages (first run; building better-sqlite3 can take a minute) ...",
+  );
+  run("npm", ["ci", "--no-audit", "--no-fund", "--loglevel=error"], { what: "npm ci" });
+  writeFileSync(stamp, want);
+}
+
+function newestMtime(dir) {
+  let newest = 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, entry.name);
+    newest = Math.max(newest, entry.isDirectory() ? newestMtime(p) : statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+function ensureBuild() {
+  const info = join(root, "dist", ".tsbuildinfo");
+  const sources = ["src", "test", "examples", "bench"].filter((d) => existsSync(join(root, d)));
+  const newest = Math.max(
+    statSync(join(root, "tsconfig.json")).mtimeMs,
+    ...sources.map((d) => newestMtime(join(root, d))),
+  );
+  if (existsSync(info) && statSync(info).mtimeMs >= newest) return;
+  step("building (tsc) ...");
+  run(join(root, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.json"], { what: "TypeScript build" });
+}
+
+function ensureNatsServer() {
+  const out = run("bash", [join(root, "scripts", "ensure-nats-server.sh")], {
+    capture: true,
+    what: "finding nats-server",
+  });
+  const path = out.trim().split("\n").pop();
+  process.env.CALLPLANE_NATS_SERVER = path;
+  return path;
+}
+
+function exec(cmd, args) {
+  // Ctrl-C reaches the whole foreground process group; the child handles it and we report its exit.
+  const child = spawn(cmd, args, { cwd: process.cwd(), stdio: "inherit", env: process.env });
+  for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"]) {
+    process.on(sig, () => {
+      if (sig !== "SIGINT") child.kill(sig);
+    });
+  }
+  child.on("exit", (code, signal) => process.exit(code ?? (signal ? 128 + 1 : 1)));
+}
+
+function testFiles() {
+  const found = [];
+  const walk = (dir) => {
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith(".test.js")) found.push(p);
+    }
+  };
+  for (const d of ["dist/src", "dist/test"]) if (existsSync(join(root, d))) walk(join(root, d));
+  return found.sort();
+}
+
+ensureDependencies();
+ensureBuild();
+switch (command) {
+  case "start": {
+    ensureNatsServer();
+    exec(process.execPath, [join(root, "dist", "src", "stack", "main.js"), ...rest]);
+    break;
+  }
+  case "test": {
+    ensureNatsServer();
+    const bin = (name) => join(root, "node_modules", ".bin", name);
+    step("lint (eslint) ...");
+    run(bin("eslint"), ["."], { what: "lint" });
+    step("format check (prettier) ...");
+    run(bin("prettier"), ["--check", "--log-level=warn", "."], {
+      what: "format check (run `npm run format`)",
+    });
+    step("generated code check (protobuf) ...");
+    if (existsSync(join(root, "scripts", "check-proto.mjs")))
+      run(process.execPath, [join(root, "scripts", "check-proto.mjs")], { what: "protobuf check" });
+    const filter = rest.length > 0 ? rest : null;
+    const files = testFiles().filter((f) => !filter || filter.some((x) => f.includes(x)));
+    step(`node --test (${files.length} files) ...`);
+    const concurrency = process.env.CALLPLANE_TEST_CONCURRENCY ?? "2";
+    run(process.execPath, ["--test", `--test-concurrency=${concurrency}`, "--test-reporter=spec", ...files], {
+      what: "tests",
+    });
+    break;
+  }
+  case "bench": {
+    ensureNatsServer();
+    exec(process.execPath, [join(root, "dist", "bench", "run.js"), ...rest]);
+    break;
+  }
+  default:
+    console.error(`unknown command ${command}; use start, test or bench`);
+    process.exit(2);
+}

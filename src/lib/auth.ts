@@ -1,0 +1,224 @@
+// Credentials callplane understands, and the checks every service applies:
+// - admin tokens: ES256 JWTs from the admin issuer, verified by public key, 12 h by default;
+// - API keys: opaque `nvapi-` strings, stored only as SHA-256 hashes, shown once;
+// - service tokens: opaque `cps-` strings that callplane's own services present to the API; they do
+//   not expire with the admin token, so a stack keeps working past hour 12.
+import { createHash, generateKeyPairSync, randomBytes, randomUUID, timingSafeEqual } from "node:crypto";
+import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import {
+  SignJWT,
+  errors as joseErrors,
+  importPKCS8,
+  importSPKI,
+  jwtVerify,
+  type CryptoKey,
+  type KeyObject,
+} from "jose";
+import { CallplaneError } from "./errors.js";
+
+export const SCOPES = [
+  "register_function",
+  "list_functions",
+  "list_functions_details",
+  "deploy_function",
+  "update_function",
+  "update_secrets",
+  "delete_function",
+  "manage_telemetries",
+  "manage_registry_credentials",
+  "cluster-management",
+  "invoke_function",
+  "queue_details",
+  "authorize_clients",
+] as const;
+export type Scope = (typeof SCOPES)[number];
+
+/** What the issuer puts in an admin token (contract §5.4), plus the scopes needed to issue invoke keys. */
+export const ADMIN_DEFAULT_SCOPES: readonly Scope[] = [
+  "register_function",
+  "list_functions",
+  "list_functions_details",
+  "deploy_function",
+  "update_function",
+  "update_secrets",
+  "delete_function",
+  "manage_telemetries",
+  "manage_registry_credentials",
+  "cluster-management",
+  "invoke_function",
+  "queue_details",
+];
+
+export const API_KEY_DEFAULT_SCOPES: readonly Scope[] = [
+  "invoke_function",
+  "list_functions",
+  "queue_details",
+  "list_functions_details",
+];
+
+/** Internal scopes held only by callplane's own services. */
+export const SERVICE_SCOPES = {
+  invocation: ["internal:invocation-auth"],
+  compute: ["internal:deployments", "internal:instances"],
+} as const satisfies Record<string, readonly string[]>;
+export type ServiceName = keyof typeof SERVICE_SCOPES;
+
+export const ADMIN_ISSUER = "callplane-admin-issuer";
+export const ADMIN_AUDIENCE = "callplane-api";
+export const ADMIN_ALG = "ES256";
+
+export type Principal =
+  | { kind: "admin"; subject: string; tokenId: string; scopes: ReadonlySet<string>; expiresAt: Date }
+  | { kind: "apikey"; subject: string; keyId: string; scopes: ReadonlySet<string>; expiresAt: Date }
+  | { kind: "service"; subject: ServiceName; scopes: ReadonlySet<string> };
+
+export function requireScope(p: Principal, scope: string): void {
+  if (!p.scopes.has(scope)) {
+    throw new CallplaneError(
+      "FORBIDDEN_SCOPE",
+      `this ${p.kind === "apikey" ? "API key" : p.kind === "admin" ? "admin token" : "service token"} lacks the scope "${scope}", which this endpoint needs`,
+      {
+        extra: { requiredScope: scope },
+      },
+    );
+  }
+}
+
+export function sha256Hex(text: string): string {
+  return createHash("sha256").update(text).digest("hex");
+}
+
+export function newApiKey(): string {
+  return `nvapi-${randomBytes(36).toString("base64url")}`;
+}
+
+export function newServiceToken(): string {
+  return `cps-${randomBytes(32).toString("base64url")}`;
+}
+
+export function constantTimeEqualHex(a: string, b: string): boolean {
+  const x = Buffer.from(a, "hex");
+  const y = Buffer.from(b, "hex");
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+/** Writes a file atomically (temporary file, then rename) with the given mode. */
+export function writeFileAtomic(path: string, data: string, mode = 0o600): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  const tmp = `${path}.${process.pid}.${randomBytes(4).toString("hex")}.tmp`;
+  writeFileSync(tmp, data, { mode });
+  chmodSync(tmp, mode);
+  renameSync(tmp, path);
+}
+
+/** Creates the admin signing key pair (EC P-256) if it does not exist yet. */
+export function ensureAdminKeyPair(privateKeyFile: string, publicKeyFile: string): { created: boolean } {
+  if (existsSync(privateKeyFile) && existsSync(publicKeyFile)) return { created: false };
+  const { privateKey, publicKey } = generateKeyPairSync("ec", { namedCurve: "P-256" });
+  writeFileAtomic(privateKeyFile, privateKey.export({ type: "pkcs8", format: "pem" }).toString(), 0o600);
+  writeFileAtomic(publicKeyFile, publicKey.export({ type: "spki", format: "pem" }).toString(), 0o644);
+  return { created: true };
+}
+
+/** Creates a service token file per internal service if missing; returns their paths. */
+export function ensureServiceTokens(dir: string): Record<ServiceName, string> {
+  const out = {} as Record<ServiceName, string>;
+  for (const name of Object.keys(SERVICE_SCOPES) as ServiceName[]) {
+    const file = join(dir, `${name}.token`);
+    if (!existsSync(file)) writeFileAtomic(file, `${newServiceToken()}\n`, 0o600);
+    out[name] = file;
+  }
+  return out;
+}
+
+export function readServiceToken(dir: string, name: ServiceName): string {
+  const file = join(dir, `${name}.token`);
+  try {
+    return readFileSync(file, "utf8").trim();
+  } catch (err) {
+    throw new Error(`cannot read the ${name} service token at ${file}: ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
+}
+
+export interface AdminTokenSigner {
+  sign(opts?: {
+    scopes?: readonly string[];
+    ttlSeconds?: number;
+    subject?: string;
+  }): Promise<{ token: string; id: string; issuedAt: Date; expiresAt: Date; scopes: string[] }>;
+}
+
+export async function createAdminTokenSigner(
+  privateKeyPem: string,
+  defaultTtlSeconds: number,
+): Promise<AdminTokenSigner> {
+  const key = await importPKCS8(privateKeyPem, ADMIN_ALG);
+  return {
+    async sign(opts = {}) {
+      const id = randomUUID();
+      const issuedAt = new Date(Math.floor(Date.now() / 1000) * 1000);
+      const ttl = opts.ttlSeconds ?? defaultTtlSeconds;
+      const expiresAt = new Date(issuedAt.getTime() + ttl * 1000);
+      const scopes = [...(opts.scopes ?? ADMIN_DEFAULT_SCOPES)];
+      const token = await new SignJWT({ scopes })
+        .setProtectedHeader({ alg: ADMIN_ALG, typ: "JWT" })
+        .setIssuer(ADMIN_ISSUER)
+        .setAudience(ADMIN_AUDIENCE)
+        .setSubject(opts.subject ?? "admin-issuer-proxy")
+        .setJti(id)
+        .setIssuedAt(issuedAt)
+        .setExpirationTime(expiresAt)
+        .sign(key);
+      return { token, id, issuedAt, expiresAt, scopes };
+    },
+  };
+}
+
+export interface AdminTokenVerifier {
+  verify(token: string): Promise<Principal & { kind: "admin" }>;
+}
+
+export async function createAdminTokenVerifier(publicKeyPem: string): Promise<AdminTokenVerifier> {
+  const key: CryptoKey | KeyObject = await importSPKI(publicKeyPem, ADMIN_ALG);
+  return {
+    async verify(token) {
+      try {
+        const { payload } = await jwtVerify(token, key, {
+          algorithms: [ADMIN_ALG],
+          issuer: ADMIN_ISSUER,
+          audience: ADMIN_AUDIENCE,
+          requiredClaims: ["exp", "jti", "sub"],
+        });
+        const scopes = Array.isArray(payload.scopes)
+          ? payload.scopes.filter((s): s is string => typeof s === "string")
+          : [];
+        return {
+          kind: "admin",
+          subject: payload.sub!,
+          tokenId: payload.jti!,
+          scopes: new Set(scopes),
+          expiresAt: new Date(payload.exp! * 1000),
+        };
+      } catch (err) {
+        if (err instanceof joseErrors.JWTExpired) {
+          throw new CallplaneError(
+            "TOKEN_EXPIRED",
+            "the admin token has expired; get a new one with `callplane init` or from your identity provider",
+          );
+        }
+        throw new CallplaneError(
+          "TOKEN_INVALID",
+          "the token is not a valid callplane admin token or API key (bad signature, wrong issuer, or malformed)",
+          { cause: err },
+        );
+      }
+    },
+  };
+}
+
+export function looksLikeJwt(token: string): boolean {
+  return token.split(".").length === 3;
+}

@@ -1,0 +1,355 @@
+// One YAML environment file configures a whole stack. It is parsed once, against one schema:
+// unknown keys are errors, every bad field is named by its path, defaults live here, and rules that
+// relate two fields run right after the schema and name both. Single keys may be overridden from
+// the environment as CALLPLANE__<SECTION>__<KEY>=value (SCREAMING_SNAKE per segment, YAML value).
+import { readFileSync } from "node:fs";
+import { isAbsolute, resolve } from "node:path";
+import { parse as parseYaml } from "yaml";
+import { z } from "zod";
+import { parseCidr, parseHostPort } from "./net.js";
+
+const hostPort = z.string().refine(
+  (v) => {
+    try {
+      parseHostPort(v);
+      return true;
+    } catch {
+      return false;
+    }
+  },
+  { message: "must be host:port, for example 127.0.0.1:8080" },
+);
+const cidr = z.string().refine(
+  (v) => {
+    try {
+      parseCidr(v);
+      return true;
+    } catch {
+      return false;
+    }
+  },
+  { message: "must be an IPv4 CIDR, for example 10.0.0.0/16" },
+);
+const optionalUrl = (schemes: string[]) =>
+  z
+    .string()
+    .default("")
+    .refine(
+      (v) => {
+        if (v === "") return true;
+        try {
+          return schemes.includes(new URL(v).protocol.slice(0, -1));
+        } catch {
+          return false;
+        }
+      },
+      { message: `must be empty or a URL with scheme ${schemes.join(" or ")}` },
+    );
+const dnsName = z
+  .string()
+  .regex(
+    /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/,
+    "must be a lower-case DNS name",
+  );
+const seconds = (def: number, max = 86_400) => z.number().positive().max(max).default(def);
+const section = <T extends z.ZodRawShape>(shape: T) => z.strictObject(shape).prefault({} as never);
+
+export const configSchema = z.strictObject({
+  global: section({
+    region: z
+      .string()
+      .regex(/^[a-z0-9][a-z0-9-]*$/, "must be lower-case letters, digits and dashes")
+      .default("local"),
+    serviceDomain: dnsName.default("nvcf.svc.cluster.local"),
+    dataDir: z.string().min(1).default(".callplane"),
+    workerEndpoints: section({
+      invocationServiceURL: optionalUrl(["http", "https"]),
+      invocationProxyURL: optionalUrl(["http", "https"]),
+      grpcProxyWorkerConnectURL: optionalUrl(["http", "https"]),
+    }),
+  }),
+  log: section({
+    level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+  }),
+  nats: section({
+    url: z
+      .string()
+      .regex(/^(nats|tls):\/\//, "must start with nats:// or tls://")
+      .default("nats://127.0.0.1:4222"),
+    server: section({
+      enabled: z.boolean().default(true),
+      listen: hostPort.default("127.0.0.1:4222"),
+      binary: z.string().default(""),
+    }),
+    stream: section({
+      maxMessages: z.number().int().positive().default(100_000),
+      maxMessageBytes: z
+        .number()
+        .int()
+        .positive()
+        .max(8 * 1024 * 1024)
+        .default(6 * 1024 * 1024),
+      replicas: z.number().int().min(1).max(5).default(1),
+    }),
+    consumer: section({
+      ackWaitSeconds: seconds(30, 3600),
+    }),
+  }),
+  api: section({
+    listen: hostPort.default("127.0.0.1:8080"),
+    url: optionalUrl(["http", "https"]),
+    maxBodyBytes: z
+      .number()
+      .int()
+      .positive()
+      .default(1024 * 1024),
+    database: section({
+      driver: z.enum(["sqlite"]).default("sqlite"),
+      path: z.string().default(""),
+    }),
+  }),
+  adminIssuerProxy: section({
+    enabled: z.boolean().default(true),
+    listen: hostPort.default("127.0.0.1:8081"),
+    url: optionalUrl(["http", "https"]),
+    tokenTtlSeconds: seconds(43_200, 7 * 86_400),
+  }),
+  auth: section({
+    adminSigningKeyFile: z.string().default(""),
+    adminPublicKeyFile: z.string().default(""),
+    serviceTokenDir: z.string().default(""),
+  }),
+  invocation: section({
+    replicaCount: z.number().int().min(1).max(250).default(2),
+    podNetwork: cidr.default("127.0.1.0/24"),
+    port: z.number().int().min(0).max(65535).default(8080),
+    selfAddress: optionalUrl(["http", "https"]),
+    inlineBodyBytes: z
+      .number()
+      .int()
+      .min(0)
+      .max(4 * 1024 * 1024)
+      .default(32 * 1024),
+    poll: section({
+      defaultSeconds: z.number().int().min(1).max(3600).default(60),
+      streamingDefaultSeconds: z.number().int().min(1).max(3600).default(1200),
+      maxSeconds: z.number().int().min(1).max(3600).default(3600),
+      graceSeconds: seconds(2, 60),
+    }),
+    statusRequestTimeoutSeconds: seconds(5, 60),
+    authCache: section({
+      ttlSeconds: z
+        .number()
+        .positive()
+        .max(30, "must be at most 30 (a revoked key must be refused within 30 s)")
+        .default(10),
+      negativeTtlSeconds: z.number().positive().max(30).default(5),
+      maxEntries: z.number().int().positive().default(10_000),
+    }),
+    shutdownGraceSeconds: seconds(30, 3600),
+    relay: section({
+      enabled: z.boolean().default(true),
+    }),
+  }),
+  worker: section({
+    keepAliveSeconds: seconds(10, 600),
+    pollWindowSeconds: z.number().int().min(1).max(3600).default(60),
+  }),
+  compute: section({
+    backend: z.enum(["local"]).default("local"),
+    instanceNetwork: cidr.default("127.0.3.0/24"),
+    syncIntervalSeconds: seconds(2, 600),
+    stopGraceSeconds: seconds(10, 600),
+    restartBackoff: section({
+      initialSeconds: seconds(1, 600),
+      maxSeconds: seconds(30, 3600),
+    }),
+  }),
+});
+
+export type Config = z.infer<typeof configSchema>;
+export type ConfigInput = z.input<typeof configSchema>;
+
+export class ConfigError extends Error {
+  readonly problems: string[];
+  constructor(source: string, problems: string[]) {
+    super(`invalid configuration (${source}):\n${problems.map((p) => `  - ${p}`).join("\n")}`);
+    this.name = "ConfigError";
+    this.problems = problems;
+  }
+}
+
+function formatIssues(issues: z.core.$ZodIssue[]): string[] {
+  const out: string[] = [];
+  for (const issue of issues) {
+    const path = issue.path.map(String).join(".");
+    if (issue.code === "unrecognized_keys") {
+      for (const key of issue.keys) out.push(`${path ? `${path}.` : ""}${key}: unknown key`);
+    } else {
+      out.push(`${path || "(root)"}: ${issue.message}`);
+    }
+  }
+  return out;
+}
+
+/** Rules that relate fields; each message names every field involved. */
+function crossFieldProblems(c: Config): string[] {
+  const p: string[] = [];
+  const we = c.global.workerEndpoints;
+  if (
+    c.invocation.replicaCount > 1 &&
+    (we.invocationServiceURL || c.invocation.selfAddress) &&
+    !c.invocation.relay.enabled
+  ) {
+    p.push(
+      `invocation.replicaCount is ${c.invocation.replicaCount} with a shared callback URL (${we.invocationServiceURL ? "global.workerEndpoints.invocationServiceURL" : "invocation.selfAddress"}) ` +
+        "and invocation.relay.enabled is false: a callback balanced to a replica that does not hold the request would be dropped. " +
+        "Turn invocation.relay.enabled on, or set invocation.replicaCount to 1",
+    );
+  }
+  if (c.adminIssuerProxy.enabled && c.adminIssuerProxy.listen === c.api.listen) {
+    p.push(
+      `adminIssuerProxy.listen and api.listen are both ${c.api.listen}: give the issuer its own address`,
+    );
+  }
+  if (c.compute.restartBackoff.initialSeconds > c.compute.restartBackoff.maxSeconds) {
+    p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
+  }
+  if (c.invocation.poll.defaultSeconds > c.invocation.poll.maxSeconds) {
+    p.push("invocation.poll.defaultSeconds is larger than invocation.poll.maxSeconds");
+  }
+  return p;
+}
+
+function camelKey(segment: string, keys: string[]): string | undefined {
+  const want = segment.replaceAll("_", "").toLowerCase();
+  return keys.find((k) => k.toLowerCase() === want);
+}
+
+/** Applies CALLPLANE__A__B=value overrides onto the raw document, checking each path against the schema. */
+function applyEnvOverrides(doc: Record<string, unknown>, env: NodeJS.ProcessEnv, problems: string[]): void {
+  for (const [name, raw] of Object.entries(env)) {
+    if (!name.startsWith("CALLPLANE__") || raw === undefined) continue;
+    const segments = name.slice("CALLPLANE__".length).split("__");
+    let shape: z.ZodType = configSchema;
+    let target: Record<string, unknown> = doc;
+    const path: string[] = [];
+    let ok = true;
+    for (const [i, seg] of segments.entries()) {
+      const inner = unwrap(shape);
+      const keys = inner instanceof z.ZodObject ? Object.keys(inner.shape) : [];
+      const key = camelKey(seg, keys);
+      if (!key || !(inner instanceof z.ZodObject)) {
+        problems.push(`${name}: ${[...path, seg.toLowerCase()].join(".")} is not a configuration key`);
+        ok = false;
+        break;
+      }
+      path.push(key);
+      shape = (inner.shape as Record<string, z.ZodType>)[key]!;
+      if (i === segments.length - 1) {
+        target[key] = parseYaml(raw) as unknown;
+      } else {
+        const next = target[key];
+        if (typeof next !== "object" || next === null) target[key] = {};
+        target = target[key] as Record<string, unknown>;
+      }
+    }
+    void ok;
+  }
+}
+
+function unwrap(t: z.ZodType): z.ZodType {
+  let cur: z.ZodType = t;
+  for (;;) {
+    if (cur instanceof z.ZodDefault || cur instanceof z.ZodPrefault || cur instanceof z.ZodOptional) {
+      cur = cur.unwrap() as z.ZodType;
+    } else if (cur instanceof z.ZodPipe) {
+      cur = cur.in as z.ZodType;
+    } else {
+      return cur;
+    }
+  }
+}
+
+export interface LoadOptions {
+  /** Path of the YAML environment file; without it, the defaults. */
+  file?: string | undefined;
+  /** A document to merge over the file (tests use this). */
+  overrides?: ConfigInput;
+  env?: NodeJS.ProcessEnv;
+  /** Folder that relative paths in the file are taken from; the working directory by default. */
+  cwd?: string;
+}
+
+function deepMerge(a: Record<string, unknown>, b: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...a };
+  for (const [k, v] of Object.entries(b)) {
+    const cur = out[k];
+    out[k] =
+      v && typeof v === "object" && !Array.isArray(v) && cur && typeof cur === "object" && !Array.isArray(cur)
+        ? deepMerge(cur as Record<string, unknown>, v as Record<string, unknown>)
+        : v;
+  }
+  return out;
+}
+
+function deepFreeze<T>(o: T): T {
+  if (o && typeof o === "object") {
+    for (const v of Object.values(o)) deepFreeze(v);
+    Object.freeze(o);
+  }
+  return o;
+}
+
+export function loadConfig(opts: LoadOptions = {}): Config {
+  const source = opts.file ?? "defaults";
+  let doc: Record<string, unknown> = {};
+  if (opts.file) {
+    let text: string;
+    try {
+      text = readFileSync(opts.file, "utf8");
+    } catch (err) {
+      throw new ConfigError(source, [`cannot read the file: ${(err as Error).message}`]);
+    }
+    let parsed: unknown;
+    try {
+      parsed = parseYaml(text);
+    } catch (err) {
+      throw new ConfigError(source, [`not valid YAML: ${(err as Error).message}`]);
+    }
+    if (parsed !== null && parsed !== undefined) {
+      if (typeof parsed !== "object" || Array.isArray(parsed))
+        throw new ConfigError(source, ["the file must hold a mapping of sections"]);
+      doc = parsed as Record<string, unknown>;
+    }
+  }
+  if (opts.overrides) doc = deepMerge(doc, opts.overrides);
+  const problems: string[] = [];
+  applyEnvOverrides(doc, opts.env ?? process.env, problems);
+  if (problems.length) throw new ConfigError(source, problems);
+  const result = configSchema.safeParse(doc);
+  if (!result.success) throw new ConfigError(source, formatIssues(result.error.issues));
+  const config = result.data;
+  const cross = crossFieldProblems(config);
+  if (cross.length) throw new ConfigError(source, cross);
+  resolveDerived(config, opts.cwd ?? process.cwd());
+  return deepFreeze(config);
+}
+
+/** Fills in values that default from other values (paths under the data folder, URLs from listen addresses). */
+function resolveDerived(c: Config, cwd: string): void {
+  const abs = (p: string) => (isAbsolute(p) ? p : resolve(cwd, p));
+  c.global.dataDir = abs(c.global.dataDir);
+  const data = c.global.dataDir;
+  c.api.database.path = c.api.database.path ? abs(c.api.database.path) : resolve(data, "callplane.db");
+  c.auth.adminSigningKeyFile = c.auth.adminSigningKeyFile
+    ? abs(c.auth.adminSigningKeyFile)
+    : resolve(data, "keys", "admin-signing.key.pem");
+  c.auth.adminPublicKeyFile = c.auth.adminPublicKeyFile
+    ? abs(c.auth.adminPublicKeyFile)
+    : resolve(data, "keys", "admin-signing.pub.pem");
+  c.auth.serviceTokenDir = c.auth.serviceTokenDir ? abs(c.auth.serviceTokenDir) : resolve(data, "secrets");
+  if (c.nats.server.binary) c.nats.server.binary = abs(c.nats.server.binary);
+  if (!c.api.url) c.api.url = `http://${c.api.listen}`;
+  if (!c.adminIssuerProxy.url) c.adminIssuerProxy.url = `http://${c.adminIssuerProxy.listen}`;
+}

@@ -1,0 +1,107 @@
+// One error base for every service. Each code is stable (clients and docs depend on it), has one
+// HTTP status and says whether the caller (user) or callplane (system) is at fault. The table is
+// typed so that a code without a status does not compile; docs/errors.md lists the same codes and a
+// test keeps the two in step.
+
+export const ERROR_CODES = {
+  // request shape
+  BAD_REQUEST: { status: 400, kind: "user", title: "Bad request" },
+  MALFORMED_JSON: { status: 400, kind: "user", title: "Malformed JSON body" },
+  VALIDATION_FAILED: { status: 400, kind: "user", title: "Invalid request fields" },
+  BAD_POLL_SECONDS: { status: 400, kind: "user", title: "Invalid NVCF-POLL-SECONDS header" },
+  UNSUPPORTED_MEDIA_TYPE: { status: 415, kind: "user", title: "Unsupported content type" },
+  BODY_TOO_LARGE: { status: 413, kind: "user", title: "Request body too large" },
+  HEADERS_TOO_LARGE: { status: 431, kind: "user", title: "Request headers too large" },
+  NOT_FOUND: { status: 404, kind: "user", title: "No such route" },
+  METHOD_NOT_ALLOWED: { status: 405, kind: "user", title: "Method not allowed" },
+  // authentication and authorisation
+  UNAUTHENTICATED: { status: 401, kind: "user", title: "Authentication required" },
+  TOKEN_INVALID: { status: 401, kind: "user", title: "Invalid token" },
+  TOKEN_EXPIRED: { status: 401, kind: "user", title: "Token expired" },
+  FORBIDDEN_SCOPE: { status: 403, kind: "user", title: "Missing scope" },
+  // control-plane resources
+  FUNCTION_NOT_FOUND: { status: 404, kind: "user", title: "Function not found" },
+  VERSION_NOT_FOUND: { status: 404, kind: "user", title: "Function version not found" },
+  DEPLOYMENT_NOT_FOUND: { status: 404, kind: "user", title: "Deployment not found" },
+  KEY_NOT_FOUND: { status: 404, kind: "user", title: "API key not found" },
+  FUNCTION_NAME_TAKEN: { status: 409, kind: "user", title: "Function name already in use" },
+  DEPLOYMENT_EXISTS: { status: 409, kind: "user", title: "Deployment already exists" },
+  VERSION_DEPLOYED: { status: 409, kind: "user", title: "Function version is deployed" },
+  ISSUER_DISABLED: { status: 404, kind: "user", title: "Admin token issuer disabled" },
+  // invocation
+  FUNCTION_NOT_DEPLOYED: { status: 404, kind: "user", title: "Function has no deployed version" },
+  REQUEST_NOT_FOUND: { status: 404, kind: "user", title: "Request not found" },
+  QUEUE_FULL: { status: 429, kind: "user", title: "Function queue full" },
+  INVOCATION_TIMEOUT: { status: 504, kind: "system", title: "No worker answered in time" },
+  WORKER_NOT_ACKNOWLEDGED: {
+    status: 504,
+    kind: "system",
+    title: "Worker did not acknowledge the status request",
+  },
+  ATTACH_TOKEN_INVALID: { status: 401, kind: "user", title: "Invalid attach token" },
+  ATTACH_FRAMING_INVALID: { status: 400, kind: "user", title: "Invalid framed response" },
+  CLIENT_GONE: { status: 410, kind: "user", title: "Client went away" },
+  SHUTTING_DOWN: { status: 503, kind: "system", title: "Shutting down" },
+  // dependencies and internals
+  UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
+  INTERNAL: { status: 500, kind: "system", title: "Internal error" },
+} as const satisfies Record<string, { status: number; kind: "user" | "system"; title: string }>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export interface Problem {
+  type: string;
+  title: string;
+  status: number;
+  detail: string;
+  code: ErrorCode;
+  instance?: string;
+  [extra: string]: unknown;
+}
+
+export function problemType(code: ErrorCode): string {
+  return `urn:callplane:problem:${code.toLowerCase().replaceAll("_", "-")}`;
+}
+
+export class CallplaneError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  readonly extra: Record<string, unknown> | undefined;
+
+  constructor(
+    code: ErrorCode,
+    detail: string,
+    opts: { cause?: unknown; extra?: Record<string, unknown> } = {},
+  ) {
+    super(detail, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = "CallplaneError";
+    this.code = code;
+    this.status = ERROR_CODES[code].status;
+    this.extra = opts.extra;
+  }
+
+  toProblem(instance?: string): Problem {
+    const p: Problem = {
+      type: problemType(this.code),
+      title: ERROR_CODES[this.code].title,
+      status: this.status,
+      detail: this.message,
+      code: this.code,
+      ...this.extra,
+    };
+    if (instance !== undefined) p.instance = instance;
+    return p;
+  }
+}
+
+/** Anything thrown that is not a CallplaneError becomes INTERNAL; its cause is logged, never sent. */
+export function toCallplaneError(err: unknown): CallplaneError {
+  if (err instanceof CallplaneError) return err;
+  return new CallplaneError("INTERNAL", "an internal error occurred; the service log has the cause", {
+    cause: err,
+  });
+}
+
+export function isUserError(err: CallplaneError): boolean {
+  return ERROR_CODES[err.code].kind === "user";
+}

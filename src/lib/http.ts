@@ -1,0 +1,361 @@
+// The small HTTP layer every service shares: a router on core node:http, JSON and problem+json
+// answers, body limits counted while streaming, /health and /metrics, and the two ways to stop:
+// close() drains (late requests get 503 with Connection: close), destroy() cuts every connection.
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer as createTlsServer, type ServerOptions as HttpsServerOptions } from "node:https";
+import type { Socket } from "node:net";
+import { CallplaneError, isUserError, toCallplaneError } from "./errors.js";
+import type { Logger } from "./log.js";
+import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "./metrics.js";
+import { formatHostPort, type HostPort } from "./net.js";
+
+export interface RequestContext {
+  req: IncomingMessage;
+  res: ServerResponse;
+  params: Record<string, string>;
+  query: URLSearchParams;
+  log: Logger;
+}
+
+export type Handler = (ctx: RequestContext) => Promise<void> | void;
+
+interface Route {
+  method: string;
+  segments: string[];
+  pattern: string;
+  handler: Handler;
+  /** Still served while the service drains (for example worker callbacks of in-flight requests). */
+  duringDrain: boolean;
+}
+
+export class Router {
+  private readonly routes: Route[] = [];
+
+  add(method: string, pattern: string, handler: Handler, opts: { duringDrain?: boolean } = {}): this {
+    this.routes.push({
+      method,
+      segments: pattern.split("/").slice(1),
+      pattern,
+      handler,
+      duringDrain: opts.duringDrain ?? false,
+    });
+    return this;
+  }
+
+  match(
+    method: string,
+    path: string,
+  ): { route: Route; params: Record<string, string> } | { allowed: string[] } | undefined {
+    const parts = path.split("/").slice(1);
+    const allowed: string[] = [];
+    for (const route of this.routes) {
+      if (route.segments.length !== parts.length) continue;
+      const params: Record<string, string> = {};
+      let ok = true;
+      for (let i = 0; i < parts.length; i++) {
+        const seg = route.segments[i];
+        if (seg.startsWith(":")) {
+          if (parts[i] === "") {
+            ok = false;
+            break;
+          }
+          try {
+            params[seg.slice(1)] = decodeURIComponent(parts[i]);
+          } catch {
+            ok = false;
+            break;
+          }
+        } else if (seg !== parts[i]) {
+          ok = false;
+          break;
+        }
+      }
+      if (!ok) continue;
+      if (route.method === method) return { route, params };
+      allowed.push(route.method);
+    }
+    return allowed.length ? { allowed } : undefined;
+  }
+}
+
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(text),
+    ...headers,
+  });
+  res.end(text);
+}
+
+/**
+ * Answers with an RFC 7807 body. Once headers are out, a problem body would corrupt the stream, so
+ * the connection is destroyed instead.
+ */
+export function sendProblem(
+  res: ServerResponse,
+  err: unknown,
+  log: Logger,
+  headers: Record<string, string> = {},
+): void {
+  const e = toCallplaneError(err);
+  if (isUserError(e)) log.debug({ code: e.code, detail: e.message }, "request refused");
+  else log.error({ code: e.code, err: e.cause ?? e }, e.message);
+  if (res.headersSent || res.destroyed) {
+    res.destroy();
+    return;
+  }
+  const text = JSON.stringify(e.toProblem());
+  res.writeHead(e.status, {
+    "content-type": "application/problem+json",
+    "content-length": Buffer.byteLength(text),
+    ...headers,
+  });
+  res.end(text);
+}
+
+export function bearerToken(req: IncomingMessage): string {
+  const h = req.headers.authorization;
+  if (!h) throw new CallplaneError("UNAUTHENTICATED", "send an Authorization: Bearer <token> header");
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
+  if (!m)
+    throw new CallplaneError(
+      "UNAUTHENTICATED",
+      "the Authorization header must use the Bearer scheme: Authorization: Bearer <token>",
+    );
+  return m[1];
+}
+
+/** Reads a JSON body, counting bytes while they arrive so an oversized body never sits in memory. */
+export async function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
+  const type = req.headers["content-type"];
+  const declared =
+    req.headers["content-length"] === undefined ? undefined : Number(req.headers["content-length"]);
+  if (declared !== undefined && declared > limit) {
+    req.resume();
+    throw new CallplaneError("BODY_TOO_LARGE", `the body is ${declared} bytes; the limit is ${limit} bytes`);
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > limit) {
+      throw new CallplaneError("BODY_TOO_LARGE", `the body is larger than the limit of ${limit} bytes`);
+    }
+    chunks.push(chunk);
+  }
+  if (size === 0) return undefined;
+  if (type !== undefined && !/^application\/(.+\+)?json\b/i.test(type)) {
+    throw new CallplaneError("UNSUPPORTED_MEDIA_TYPE", `send the body as application/json, not ${type}`);
+  }
+  const text = Buffer.concat(chunks, size).toString("utf8");
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (err) {
+    throw new CallplaneError("MALFORMED_JSON", `the body is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
+export interface HttpServiceOptions {
+  name: string;
+  listen: HostPort;
+  logger: Logger;
+  registry: Registry;
+  router: Router;
+  /** TLS options: serve HTTPS instead of HTTP. */
+  tls?: HttpsServerOptions;
+  /** Extra readiness check for GET /health (true = ready). */
+  ready?: () => boolean;
+  /** Headers every answer of this service carries. */
+  maxHeaderSize?: number;
+  requestTimeoutMs?: number;
+}
+
+export interface HttpService {
+  readonly server: Server;
+  readonly draining: boolean;
+  listen(): Promise<URL>;
+  close(graceMs?: number): Promise<void>;
+  destroy(): void;
+}
+
+export function createHttpService(opts: HttpServiceOptions): HttpService {
+  const { logger, router, registry } = opts;
+  const requests = new Counter({
+    name: "callplane_http_requests_total",
+    help: "HTTP requests answered, by route and status",
+    labelNames: ["route", "method", "status"],
+    registers: [registry],
+  });
+  const duration = new Histogram({
+    name: "callplane_http_request_duration_seconds",
+    help: "Time to answer an HTTP request (until the response ended)",
+    labelNames: ["route"],
+    buckets: LATENCY_BUCKETS,
+    registers: [registry],
+  });
+  let draining = false;
+  let inFlight = 0;
+  let idleWaiters: Array<() => void> = [];
+  const sockets = new Set<Socket>();
+
+  const handle = (req: IncomingMessage, res: ServerResponse): void => {
+    const started = process.hrtime.bigint();
+    const rawUrl = req.url ?? "/";
+    const q = rawUrl.indexOf("?");
+    const path = q === -1 ? rawUrl : rawUrl.slice(0, q);
+    const query = new URLSearchParams(q === -1 ? "" : rawUrl.slice(q + 1));
+    const method = req.method ?? "GET";
+    let routeLabel = "unmatched";
+    inFlight++;
+    res.once("close", () => {
+      inFlight--;
+      requests.inc({ route: routeLabel, method, status: res.statusCode });
+      duration.observe({ route: routeLabel }, Number(process.hrtime.bigint() - started) / 1e9);
+      if (inFlight === 0 && idleWaiters.length) {
+        const w = idleWaiters;
+        idleWaiters = [];
+        for (const f of w) f();
+      }
+    });
+    const log = logger;
+    if (method === "GET" && path === "/health") {
+      routeLabel = "/health";
+      const ok = !draining && (opts.ready?.() ?? true);
+      sendJson(res, ok ? 200 : 503, {
+        status: ok ? "ok" : draining ? "draining" : "starting",
+        service: opts.name,
+      });
+      return;
+    }
+    if (method === "GET" && path === "/metrics") {
+      routeLabel = "/metrics";
+      registry
+        .metrics()
+        .then((text) => {
+          res.writeHead(200, { "content-type": registry.contentType });
+          res.end(text);
+        })
+        .catch((err: unknown) => sendProblem(res, err, log));
+      return;
+    }
+    const m = router.match(method, path);
+    if (!m) {
+      sendProblem(res, new CallplaneError("NOT_FOUND", `no route for ${method} ${path}`), log);
+      return;
+    }
+    if ("allowed" in m) {
+      sendProblem(
+        res,
+        new CallplaneError(
+          "METHOD_NOT_ALLOWED",
+          `${method} is not allowed on ${path}; use ${m.allowed.join(", ")}`,
+        ),
+        log,
+        {
+          allow: m.allowed.join(", "),
+        },
+      );
+      return;
+    }
+    routeLabel = m.route.pattern;
+    if (draining && !m.route.duringDrain) {
+      sendProblem(
+        res,
+        new CallplaneError("SHUTTING_DOWN", `${opts.name} is shutting down; retry on another replica`),
+        log,
+        {
+          connection: "close",
+        },
+      );
+      return;
+    }
+    let result: Promise<void> | void;
+    try {
+      result = m.route.handler({ req, res, params: m.params, query, log });
+    } catch (err) {
+      sendProblem(res, err, log);
+      return;
+    }
+    if (result) result.catch((err: unknown) => sendProblem(res, err, log));
+  };
+
+  const server: Server = opts.tls
+    ? createTlsServer({ ...opts.tls, maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024 }, handle)
+    : createServer({ maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024, keepAliveTimeout: 65_000 }, handle);
+  server.requestTimeout = opts.requestTimeoutMs ?? 0;
+  server.headersTimeout = 30_000;
+  server.on("connection", (s: Socket) => {
+    sockets.add(s);
+    s.once("close", () => sockets.delete(s));
+  });
+  server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) => {
+    if (!socket.writable) {
+      socket.destroy();
+      return;
+    }
+    const status = err.code === "HPE_HEADER_OVERFLOW" ? 431 : 400;
+    const code = status === 431 ? "HEADERS_TOO_LARGE" : "BAD_REQUEST";
+    const problem = new CallplaneError(
+      code,
+      status === 431
+        ? "request headers are larger than the limit"
+        : `malformed HTTP request (${err.code ?? err.message})`,
+    ).toProblem();
+    const body = JSON.stringify(problem);
+    socket.end(
+      `HTTP/1.1 ${status} ${status === 431 ? "Request Header Fields Too Large" : "Bad Request"}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+  });
+
+  return {
+    server,
+    get draining() {
+      return draining;
+    },
+    listen() {
+      return new Promise<URL>((resolve, reject) => {
+        const onError = (err: Error) => reject(err);
+        server.once("error", onError);
+        server.listen(opts.listen.port, opts.listen.host, () => {
+          server.off("error", onError);
+          const addr = server.address();
+          const port = typeof addr === "object" && addr ? addr.port : opts.listen.port;
+          const url = new URL(
+            `${opts.tls ? "https" : "http"}://${formatHostPort({ host: opts.listen.host, port })}`,
+          );
+          logger.info({ url: url.origin }, `${opts.name} listening`);
+          resolve(url);
+        });
+      });
+    },
+    async close(graceMs = 10_000) {
+      if (draining) return;
+      draining = true;
+      server.close();
+      // idle keep-alive connections would otherwise hold the process open until their timeout
+      server.closeIdleConnections();
+      if (inFlight > 0) {
+        await new Promise<void>((resolve) => {
+          const t = setTimeout(resolve, graceMs);
+          t.unref();
+          idleWaiters.push(() => {
+            clearTimeout(t);
+            resolve();
+          });
+        });
+      }
+      for (const s of sockets) s.destroy();
+    },
+    destroy() {
+      draining = true;
+      server.close();
+      for (const s of sockets) s.destroy();
+    },
+  };
+}

@@ -1,0 +1,91 @@
+// What every service's main.ts shares: load the configuration, start, report readiness on the
+// control channel, and stop on signals (first: drain; second: now). Only main files call this.
+import { ConfigError, loadConfig, type Config } from "./config.js";
+import { parseParentMessage, sendToParent } from "./control.js";
+import { createLogger, type Logger } from "./log.js";
+
+export interface Running {
+  urls: Record<string, string>;
+  close(graceMs: number): Promise<void>;
+  destroy(): void;
+}
+
+export function configFileFromArgs(argv = process.argv.slice(2)): string | undefined {
+  const i = argv.indexOf("--config");
+  if (i !== -1) return argv[i + 1];
+  return process.env.CALLPLANE_CONFIG || undefined;
+}
+
+export function runService(
+  service: string,
+  start: (config: Config, logger: Logger) => Promise<Running>,
+  opts: { graceMs?: (c: Config) => number } = {},
+): void {
+  let config: Config;
+  try {
+    config = loadConfig({ file: configFileFromArgs() });
+  } catch (err) {
+    const message = err instanceof ConfigError ? err.message : String(err);
+    process.stderr.write(`${service}: ${message}\n`);
+    sendToParent({ type: "failed", service, code: "CONFIG", message });
+    process.exit(2);
+  }
+  const logger = createLogger(service, { level: config.log.level });
+  let running: Running | undefined;
+  let stopping = false;
+  const stop = (why: string) => {
+    if (stopping) {
+      logger.warn({ why }, "second stop request: stopping now");
+      running?.destroy();
+      process.exit(1);
+    }
+    stopping = true;
+    const grace = opts.graceMs?.(config) ?? 10_000;
+    logger.info({ why, graceMs: grace }, "stopping");
+    const hard = setTimeout(() => {
+      logger.warn("grace period over: stopping now");
+      running?.destroy();
+      process.exit(0);
+    }, grace + 2000);
+    hard.unref();
+    (running ? running.close(grace) : Promise.resolve())
+      .then(() => {
+        logger.info("stopped");
+        logger.flush();
+        setImmediate(() => process.exit(0));
+      })
+      .catch((err: unknown) => {
+        logger.error({ err }, "error while stopping");
+        process.exit(1);
+      });
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("message", (raw) => {
+    const msg = parseParentMessage(raw);
+    if (msg?.type === "shutdown" && !stopping) stop("shutdown requested by supervisor");
+  });
+  // A supervisor that goes away takes its children with it.
+  process.on("disconnect", () => {
+    if (!stopping) stop("supervisor went away");
+  });
+  start(config, logger)
+    .then((r) => {
+      running = r;
+      sendToParent({ type: "ready", service, urls: r.urls });
+    })
+    .catch((err: unknown) => {
+      const e = err as NodeJS.ErrnoException & { address?: string; port?: number };
+      const message =
+        e.code === "EADDRINUSE"
+          ? `${service} cannot listen on ${e.address ?? "?"}:${e.port ?? "?"}: the address is already in use (another callplane stack, or another program, is listening there)`
+          : e.code === "EADDRNOTAVAIL"
+            ? `${service} cannot listen on ${e.address ?? "?"}: no network interface has that address`
+            : `${service} failed to start: ${e.message}`;
+      logger.fatal({ err }, message);
+      process.stderr.write(`${message}\n`);
+      sendToParent({ type: "failed", service, code: e.code ?? "START", message });
+      logger.flush();
+      setTimeout(() => process.exit(1), 50);
+    });
+}

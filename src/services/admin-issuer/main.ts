@@ -1,0 +1,28 @@
+import { readFileSync } from "node:fs";
+import { parseHostPort } from "../../lib/net.js";
+import { runService } from "../../lib/service-main.js";
+import { createAdminIssuer } from "./service.js";
+
+runService("admin-issuer", async (config, logger) => {
+  if (!config.adminIssuerProxy.enabled) {
+    throw new Error(
+      "adminIssuerProxy.enabled is false: the admin issuer is turned off and must not be started",
+    );
+  }
+  let privateKeyPem: string;
+  try {
+    privateKeyPem = readFileSync(config.auth.adminSigningKeyFile, "utf8");
+  } catch {
+    throw new Error(
+      `cannot read the admin signing key at ${config.auth.adminSigningKeyFile}; the stack creates it on first start, or set auth.adminSigningKeyFile`,
+    );
+  }
+  const issuer = createAdminIssuer({
+    listen: parseHostPort(config.adminIssuerProxy.listen),
+    privateKeyPem,
+    ttlSeconds: config.adminIssuerProxy.tokenTtlSeconds,
+    logger,
+  });
+  const url = await issuer.listen();
+  return { urls: { issuer: url.origin }, close: (g) => issuer.close(g), destroy: () => issuer.destroy() };
+});

@@ -1,0 +1,76 @@
+// The admin token issuer: POST /v1/admin/keys returns a 12-hour admin JWT. Like upstream's
+// admin-token-issuer-proxy it does not authenticate its callers, so it listens on loopback by
+// default and must never be exposed; an install with its own identity provider turns it off
+// (adminIssuerProxy.enabled: false) and then this service is not started and its key not loaded.
+import { createAdminTokenSigner } from "../../lib/auth.js";
+import { Router, createHttpService, readJson, sendJson } from "../../lib/http.js";
+import { silentLogger, type Logger } from "../../lib/log.js";
+import { createRegistry, Counter, type Registry } from "../../lib/metrics.js";
+import type { HostPort } from "../../lib/net.js";
+
+export interface AdminIssuerOptions {
+  listen: HostPort;
+  privateKeyPem: string;
+  ttlSeconds: number;
+  logger?: Logger;
+  registry?: Registry;
+}
+
+export function createAdminIssuer(opts: AdminIssuerOptions) {
+  const logger = opts.logger ?? silentLogger();
+  const registry = opts.registry ?? createRegistry("admin-issuer");
+  const issued = new Counter({
+    name: "callplane_admin_tokens_issued_total",
+    help: "Admin tokens issued",
+    registers: [registry],
+  });
+  const signerPromise = createAdminTokenSigner(opts.privateKeyPem, opts.ttlSeconds);
+  signerPromise.catch(() => undefined);
+  const router = new Router();
+  router.add("POST", "/v1/admin/keys", async ({ req, res }) => {
+    await readJson(req, 16 * 1024);
+    const signer = await signerPromise;
+    const t = await signer.sign();
+    issued.inc();
+    logger.info(
+      { tokenId: t.id, expiresAt: t.expiresAt.toISOString(), remote: req.socket.remoteAddress },
+      "admin token issued",
+    );
+    sendJson(res, 200, {
+      id: t.id,
+      value: t.token,
+      status: "ACTIVE",
+      owner_type: "SYSTEM",
+      owner_id: "admin-issuer-proxy",
+      issuer_service_id: "callplane-admin-issuer",
+      audience_service_ids: ["callplane-api"],
+      description: "admin token from the callplane admin issuer",
+      created_at: t.issuedAt.toISOString(),
+      expires_at: t.expiresAt.toISOString(),
+      authorizations: {
+        policies: [
+          {
+            aud: "callplane-api",
+            auds: ["callplane-api"],
+            product: "nv-cloud-functions",
+            resources: [
+              { id: "*", type: "account-functions" },
+              { id: "*", type: "authorized-functions" },
+            ],
+            scopes: t.scopes,
+          },
+        ],
+      },
+    });
+  });
+  const http = createHttpService({ name: "admin-issuer", listen: opts.listen, logger, registry, router });
+  return {
+    http,
+    async listen() {
+      await signerPromise;
+      return http.listen();
+    },
+    close: (graceMs?: number) => http.close(graceMs),
+    destroy: () => http.destroy(),
+  };
+}

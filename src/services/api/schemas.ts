@@ -1,0 +1,158 @@
+// Request bodies of the control-plane API, as the NVCF contract shapes them (§5.1, §5.2, §5.4).
+// Unknown fields are refused; fields of the NVCF contract that callplane does not implement are
+// refused by name, so nothing a client sends is silently ignored.
+import { z } from "zod";
+import { CallplaneError } from "../../lib/errors.js";
+import { SCOPES } from "../../lib/auth.js";
+
+const NOT_SUPPORTED = [
+  "models",
+  "helmChart",
+  "helmChartServiceName",
+  "resources",
+  "secrets",
+  "rateLimit",
+  "llmInvocationConfig",
+  "telemetries",
+] as const;
+
+const isoDuration = z
+  .string()
+  .regex(/^PT(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?$/, "must be an ISO-8601 duration such as PT10S");
+
+export const healthSchema = z.strictObject({
+  protocol: z.enum(["HTTP", "gRPC"]).default("HTTP"),
+  uri: z.string().startsWith("/", "must be a path beginning with /").max(1024).default("/v2/health/ready"),
+  port: z.number().int().min(1).max(65535).optional(),
+  timeout: isoDuration.default("PT10S"),
+  expectedStatusCode: z.number().int().min(100).max(599).default(200),
+});
+
+const functionFields = {
+  inferenceUrl: z
+    .string()
+    .startsWith("/", "must be the path on the inference server, beginning with / (for example /echo)")
+    .max(2048),
+  inferencePort: z.number().int().min(1).max(65535).default(8000),
+  health: healthSchema.optional(),
+  healthUri: z.string().startsWith("/", "must be a path beginning with /").optional(),
+  containerImage: z.string().min(1).max(512),
+  containerArgs: z.string().max(8192).optional(),
+  containerEnvironment: z
+    .array(
+      z.strictObject({
+        key: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "must be an environment variable name"),
+        value: z.string().max(32_768),
+      }),
+    )
+    .max(256)
+    .default([]),
+  tags: z.array(z.string().min(1).max(128)).max(64).default([]),
+  description: z.string().max(1024).optional(),
+  functionType: z.enum(["DEFAULT", "STREAMING", "LLM"]).default("DEFAULT"),
+  apiBodyFormat: z.enum(["CUSTOM", "PREDICT_V2"]).default("CUSTOM"),
+};
+
+export const functionName = z
+  .string()
+  .min(1, "must not be empty")
+  .max(128, "must be at most 128 characters")
+  .regex(
+    /^[a-zA-Z0-9][a-zA-Z0-9_-]*$/,
+    "must start with a letter or digit and hold only letters, digits, _ and -",
+  );
+
+export const createFunctionSchema = z.strictObject({ name: functionName, ...functionFields });
+export type CreateFunctionBody = z.infer<typeof createFunctionSchema>;
+
+export const updateFunctionSchema = z.strictObject({
+  name: functionName.optional(),
+  inferenceUrl: functionFields.inferenceUrl.optional(),
+  inferencePort: z.number().int().min(1).max(65535).optional(),
+  health: healthSchema.optional(),
+  containerImage: functionFields.containerImage.optional(),
+  containerArgs: functionFields.containerArgs,
+  containerEnvironment: functionFields.containerEnvironment.optional(),
+  tags: z.array(z.string().min(1).max(128)).max(64).optional(),
+  description: functionFields.description,
+});
+
+const deploymentSpecSchema = z
+  .strictObject({
+    gpuSpecificationId: z.string().max(128).optional(),
+    gpu: z.string().min(1).max(128),
+    backend: z.string().max(128).optional(),
+    instanceType: z.string().min(1).max(128),
+    minInstances: z.number().int().min(0).max(1000),
+    maxInstances: z.number().int().min(1).max(1000),
+    maxRequestConcurrency: z.number().int().min(1).max(1024).default(1),
+    availabilityZones: z.array(z.string()).optional(),
+    regions: z.array(z.string()).optional(),
+    clusters: z.array(z.string()).optional(),
+    attributes: z.array(z.string()).optional(),
+    configuration: z.unknown().optional(),
+  })
+  .superRefine((s, ctx) => {
+    if (s.minInstances > s.maxInstances) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["minInstances"],
+        message: `minInstances (${s.minInstances}) is larger than maxInstances (${s.maxInstances})`,
+      });
+    }
+  });
+
+export const deploymentSchema = z.strictObject({
+  deploymentSpecifications: z
+    .array(deploymentSpecSchema)
+    .min(1, "must hold at least one specification")
+    .max(16),
+});
+
+export const createKeySchema = z.strictObject({
+  description: z.string().max(1024).default(""),
+  expires_at: z.iso
+    .datetime({ offset: true, message: "must be an RFC 3339 time such as 2027-01-01T00:00:00Z" })
+    .optional(),
+  authorizations: z
+    .strictObject({
+      policies: z
+        .array(
+          z.looseObject({
+            scopes: z.array(z.enum(SCOPES, { message: `must be one of: ${SCOPES.join(", ")}` })).min(1),
+          }),
+        )
+        .min(1),
+    })
+    .optional(),
+  audience_service_ids: z.array(z.string()).optional(),
+});
+
+/** Parses a body against a schema, turning every problem into one VALIDATION_FAILED that names each field. */
+export function parseBody<T extends z.ZodType>(schema: T, body: unknown): z.infer<T> {
+  if (body === undefined) throw new CallplaneError("VALIDATION_FAILED", "the request needs a JSON body");
+  if (body && typeof body === "object" && !Array.isArray(body)) {
+    const unsupported = NOT_SUPPORTED.filter((k) => k in body);
+    if (unsupported.length) {
+      throw new CallplaneError(
+        "VALIDATION_FAILED",
+        `${unsupported.join(", ")}: part of the NVCF contract that callplane does not support yet; remove ${unsupported.length > 1 ? "them" : "it"}`,
+        { extra: { errors: unsupported.map((field) => ({ field, message: "not supported by callplane" })) } },
+      );
+    }
+  }
+  const r = schema.safeParse(body);
+  if (r.success) return r.data;
+  const errors: Array<{ field: string; message: string }> = [];
+  for (const issue of r.error.issues) {
+    const base = issue.path.map(String).join(".");
+    if (issue.code === "unrecognized_keys") {
+      for (const k of issue.keys) errors.push({ field: base ? `${base}.${k}` : k, message: "unknown field" });
+    } else {
+      errors.push({ field: base || "(body)", message: issue.message });
+    }
+  }
+  throw new CallplaneError("VALIDATION_FAILED", errors.map((e) => `${e.field}: ${e.message}`).join("; "), {
+    extra: { errors },
+  });
+}

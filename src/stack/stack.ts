@@ -1,0 +1,218 @@
+// The whole stack on one machine: nats-server, the control-plane API, the admin issuer, and (as
+// later parts land) invocation replicas, the compute agent and the demo. Each service runs as its
+// own process on its own loopback address, logs to <data>/logs/<service>.log, and is supervised:
+// restarted with backoff if it dies, stopped (drain, then kill) with the stack.
+import { existsSync, readFileSync, rmSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib/auth.js";
+import type { Config } from "../lib/config.js";
+import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
+import { parseHostPort, type HostPort } from "../lib/net.js";
+import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/supervise.js";
+import { checkListen, processAlive, processCommandLine } from "./preflight.js";
+
+const distSrc = resolve(fileURLToPath(import.meta.url), "..", "..");
+
+export interface StackOptions {
+  config: Config;
+  configFile: string | undefined;
+  say: (line: string) => void;
+}
+
+export class StackError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "StackError";
+  }
+}
+
+interface PidFile {
+  pid: number;
+  children: Array<{ pid: number; cmdline: string }>;
+}
+
+export interface StackInfo {
+  api: string;
+  issuer?: string;
+  nats: string;
+  invocation: string[];
+  grpc: string[];
+  proxy?: string;
+  dataDir: string;
+  logs: string;
+  startedAt: string;
+  pid: number;
+  demo?: Record<string, unknown>;
+  [k: string]: unknown;
+}
+
+export class LocalStack {
+  readonly children: SupervisedChild[] = [];
+  readonly dataDir: string;
+  readonly logDir: string;
+  private readonly pidFile: string;
+  readonly stackFile: string;
+  private stopping = false;
+
+  constructor(readonly opts: StackOptions) {
+    this.dataDir = opts.config.global.dataDir;
+    this.logDir = join(this.dataDir, "logs");
+    this.pidFile = join(this.dataDir, "stack.pid");
+    this.stackFile = join(this.dataDir, "stack.json");
+  }
+
+  /** Refuses to start over a running stack; cleans up what a stack killed without stopping left behind. */
+  claim(): void {
+    if (existsSync(this.pidFile)) {
+      let prev: PidFile | undefined;
+      try {
+        prev = JSON.parse(readFileSync(this.pidFile, "utf8")) as PidFile;
+      } catch {
+        prev = undefined;
+      }
+      if (
+        prev &&
+        prev.pid !== process.pid &&
+        processAlive(prev.pid) &&
+        processCommandLine(prev.pid)?.includes("stack/main.js")
+      ) {
+        throw new StackError(
+          `a callplane stack is already running from ${this.dataDir} (pid ${prev.pid}); stop it with Ctrl-C in its terminal or \`kill ${prev.pid}\``,
+        );
+      }
+      let cleaned = 0;
+      for (const c of prev?.children ?? []) {
+        if (processAlive(c.pid) && processCommandLine(c.pid) === c.cmdline) {
+          try {
+            process.kill(c.pid, "SIGKILL");
+            cleaned++;
+          } catch {
+            // already gone
+          }
+        }
+      }
+      if (cleaned)
+        this.opts.say(`cleaned up ${cleaned} process(es) left by a stack that did not stop cleanly`);
+    }
+    rmSync(this.stackFile, { force: true });
+    this.writePidFile();
+  }
+
+  private writePidFile(): void {
+    const children = this.children.flatMap((c) =>
+      c.pid ? [{ pid: c.pid, cmdline: processCommandLine(c.pid) ?? "" }] : [],
+    );
+    writeFileAtomic(this.pidFile, JSON.stringify({ pid: process.pid, children } satisfies PidFile));
+  }
+
+  async preflight(addresses: Array<[string, HostPort]>): Promise<void> {
+    for (const [name, addr] of addresses) {
+      const problem = await checkListen(name, addr);
+      if (problem) throw new StackError(problem);
+    }
+  }
+
+  prepareSecrets(): void {
+    const { config } = this.opts;
+    const { created } = ensureAdminKeyPair(config.auth.adminSigningKeyFile, config.auth.adminPublicKeyFile);
+    if (created) this.opts.say(`generated the admin signing key in ${config.auth.adminSigningKeyFile}`);
+    ensureServiceTokens(config.auth.serviceTokenDir);
+  }
+
+  private childEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+    const env: NodeJS.ProcessEnv = { ...process.env, ...extra };
+    if (this.opts.configFile) env.CALLPLANE_CONFIG = this.opts.configFile;
+    // children resolve relative paths against the same folder as the stack
+    env.CALLPLANE__GLOBAL__DATA_DIR = this.dataDir;
+    return env;
+  }
+
+  private restartPolicy(): ChildSpec["restart"] {
+    const b = this.opts.config.compute.restartBackoff;
+    return { enabled: true, initialMs: b.initialSeconds * 1000, maxMs: b.maxSeconds * 1000 };
+  }
+
+  private track(child: SupervisedChild): SupervisedChild {
+    this.children.push(child);
+    child.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
+      if (!info.expected && !this.stopping)
+        this.opts.say(
+          `${child.spec.name} exited (${info.signal ?? `code ${info.code}`}); see ${child.spec.logFile}`,
+        );
+    });
+    child.on("restart", ({ inMs }: { inMs: number }) => {
+      if (!this.stopping) this.opts.say(`restarting ${child.spec.name} in ${Math.round(inMs / 100) / 10} s`);
+    });
+    child.on("ready", () => this.writePidFile());
+    return child;
+  }
+
+  async startNats(): Promise<string> {
+    const { config } = this.opts;
+    const listen = parseHostPort(config.nats.server.listen);
+    const files = writeNatsServerConfig(join(this.dataDir, "nats"), listen, { name: "callplane-local" });
+    const bin = natsServerBinary(config.nats.server.binary || undefined);
+    const child = this.track(
+      new SupervisedChild({
+        name: "nats-server",
+        command: bin,
+        args: ["-c", files.configFile],
+        logFile: join(this.logDir, "nats-server.log"),
+        ipc: false,
+        restart: this.restartPolicy(),
+      }),
+    );
+    await child.start();
+    await waitForNats(listen);
+    this.writePidFile();
+    return `nats://${listen.host}:${listen.port}`;
+  }
+
+  /** Starts one of callplane's own services (dist/src/services/<dir>/main.js) and waits for ready. */
+  async startService(
+    name: string,
+    dir: string,
+    env: NodeJS.ProcessEnv = {},
+  ): Promise<Record<string, string>> {
+    const child = this.track(
+      new SupervisedChild({
+        name,
+        command: process.execPath,
+        args: [join(distSrc, "services", dir, "main.js")],
+        env: this.childEnv(env),
+        logFile: join(this.logDir, `${name}.log`),
+        ipc: true,
+        readyTimeoutMs: 60_000,
+        restart: this.restartPolicy(),
+      }),
+    );
+    try {
+      await child.start();
+    } catch (err) {
+      if (err instanceof ChildStartError) throw new StackError(err.message);
+      throw err;
+    }
+    return child.readyInfo?.urls ?? {};
+  }
+
+  writeStackFile(info: StackInfo): void {
+    writeFileAtomic(this.stackFile, `${JSON.stringify(info, null, 2)}\n`, 0o600);
+  }
+
+  async stop(graceMs: number): Promise<void> {
+    if (this.stopping) return;
+    this.stopping = true;
+    rmSync(this.stackFile, { force: true });
+    // services first (they drain), nats-server last so that draining services can still use it
+    const nats = this.children.filter((c) => c.spec.name === "nats-server");
+    const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();
+    await Promise.all(rest.map((c) => c.stop(graceMs)));
+    await Promise.all(nats.map((c) => c.stop(5000)));
+    rmSync(this.pidFile, { force: true });
+  }
+
+  killAll(): void {
+    for (const c of this.children) c.killNow();
+  }
+}
