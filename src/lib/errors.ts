@@ -41,6 +41,7 @@ export const ERROR_CODES = {
   ATTACH_TOKEN_INVALID: { status: 401, kind: "user", title: "Invalid attach token" },
   ATTACH_FRAMING_INVALID: { status: 400, kind: "user", title: "Invalid framed response" },
   CLIENT_GONE: { status: 410, kind: "user", title: "Client went away" },
+  WORKER_RESPONSE_INVALID: { status: 502, kind: "system", title: "Worker sent an invalid response" },
   SHUTTING_DOWN: { status: 503, kind: "system", title: "Shutting down" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },

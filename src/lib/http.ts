@@ -142,12 +142,20 @@ export async function readJson(req: IncomingMessage, limit: number): Promise<unk
   }
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
+  let tooLarge = false;
+  // destroyOnReturn: false, because leaving the loop early must not destroy the request: the client
+  // would still be sending, and the reset that follows makes it lose the 413 answer.
+  for await (const chunk of req.iterator({ destroyOnReturn: false }) as AsyncIterable<Buffer>) {
     size += chunk.length;
     if (size > limit) {
-      throw new CallplaneError("BODY_TOO_LARGE", `the body is larger than the limit of ${limit} bytes`);
+      tooLarge = true;
+      break;
     }
     chunks.push(chunk);
+  }
+  if (tooLarge) {
+    req.resume(); // discard the rest, without keeping it
+    throw new CallplaneError("BODY_TOO_LARGE", `the body is larger than the limit of ${limit} bytes`);
   }
   if (size === 0) return undefined;
   if (type !== undefined && !/^application\/(.+\+)?json\b/i.test(type)) {

@@ -2,6 +2,7 @@
 // control channel, and stop on signals (first: drain; second: now). Only main files call this.
 import { ConfigError, loadConfig, type Config } from "./config.js";
 import { parseParentMessage, sendToParent } from "./control.js";
+import type { LevelWithSilent } from "pino";
 import { createLogger, type Logger } from "./log.js";
 
 export interface Running {
@@ -21,16 +22,33 @@ export function runService(
   start: (config: Config, logger: Logger) => Promise<Running>,
   opts: { graceMs?: (c: Config) => number } = {},
 ): void {
-  let config: Config;
+  runProcess(
+    service,
+    () => loadConfig({ file: configFileFromArgs() }),
+    (c) => c.log.level,
+    start,
+    opts,
+  );
+}
+
+/** Like runService, for processes configured some other way (the worker reads its environment). */
+export function runProcess<C>(
+  service: string,
+  load: () => C,
+  level: (c: C) => LevelWithSilent,
+  start: (config: C, logger: Logger) => Promise<Running>,
+  opts: { graceMs?: (c: C) => number } = {},
+): void {
+  let config: C;
   try {
-    config = loadConfig({ file: configFileFromArgs() });
+    config = load();
   } catch (err) {
     const message = err instanceof ConfigError ? err.message : String(err);
     process.stderr.write(`${service}: ${message}\n`);
     sendToParent({ type: "failed", service, code: "CONFIG", message });
     process.exit(2);
   }
-  const logger = createLogger(service, { level: config.log.level });
+  const logger = createLogger(service, { level: level(config) });
   let running: Running | undefined;
   let stopping = false;
   const stop = (why: string) => {

@@ -1,0 +1,173 @@
+// The example inference server used by the demo, the tests and the benchmarks. One small HTTP
+// server with a route per behaviour a function may have:
+//   POST /echo            the request body back, byte for byte, streamed, with the same Content-Type
+//   GET|POST /sse         server-sent events (?events=5&intervalMs=200)
+//   POST /slow            answers after ?seconds=3, writing NVCF progress files meanwhile
+//   GET|POST /large       ?bytes=N bytes of a repeating pattern, streamed (Content-Length set)
+//   POST /digest          {bytes, sha256} of the request body (for large uploads)
+//   ANY /status/{code}    that status, with {"error": "..."} for 4xx/5xx
+//   ANY /headers          the request headers as JSON
+//   ANY /hang             never answers; /stats counts how many such calls were abandoned
+//   GET /health, /v2/health/ready
+// It listens on INFERENCE_HOST:INFERENCE_PORT (default 127.0.0.1:8000) or --listen host:port.
+import { createHash } from "node:crypto";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import { writeFile, rename } from "node:fs/promises";
+import { join } from "node:path";
+
+const stats = { requests: 0, abandoned: 0, hanging: 0 };
+
+function json(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
+
+async function writeProgress(dir: string, id: string, progress: number, partial: unknown): Promise<void> {
+  const tmp = join(dir, `.progress.${process.pid}.tmp`);
+  await writeFile(tmp, JSON.stringify({ id, progress, partialResponse: partial }));
+  await rename(tmp, join(dir, "progress"));
+}
+
+export function handle(req: IncomingMessage, res: ServerResponse): void {
+  stats.requests++;
+  const url = new URL(req.url ?? "/", "http://inference");
+  const path = url.pathname;
+  if (path === "/health" || path === "/v2/health/ready" || path === "/v2/health/live")
+    return json(res, 200, { status: "ok" });
+  if (path === "/stats") return json(res, 200, stats);
+  if (path === "/echo") {
+    const headers: Record<string, string> = {
+      "content-type": req.headers["content-type"] ?? "application/octet-stream",
+    };
+    if (req.headers["content-length"] !== undefined)
+      headers["content-length"] = req.headers["content-length"];
+    res.writeHead(200, headers);
+    req.pipe(res);
+    return;
+  }
+  if (path === "/sse") {
+    const events = Number(url.searchParams.get("events") ?? 5);
+    const interval = Number(url.searchParams.get("intervalMs") ?? 200);
+    req.resume();
+    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+    let i = 0;
+    const tick = () => {
+      if (res.destroyed) return;
+      res.write(`id: ${i}\ndata: ${JSON.stringify({ i, at: Date.now() })}\n\n`);
+      i++;
+      if (i >= events) res.end("event: done\ndata: {}\n\n");
+      else setTimeout(tick, interval);
+    };
+    tick();
+    return;
+  }
+  if (path === "/slow") {
+    const seconds = Number(url.searchParams.get("seconds") ?? 3);
+    const dir = req.headers["nvcf-large-output-dir"];
+    const id = String(req.headers["nvcf-reqid"] ?? "");
+    req.resume();
+    const started = Date.now();
+    const step = Math.max(100, Number(url.searchParams.get("progressMs") ?? 1000));
+    const timer = setInterval(() => {
+      const pct = Math.min(99, Math.floor(((Date.now() - started) / (seconds * 1000)) * 100));
+      if (typeof dir === "string") writeProgress(dir, id, pct, { progress: pct }).catch(() => undefined);
+    }, step);
+    const done = setTimeout(() => {
+      clearInterval(timer);
+      json(res, 200, { done: true, seconds });
+    }, seconds * 1000);
+    res.once("close", () => {
+      clearInterval(timer);
+      clearTimeout(done);
+      if (!res.writableFinished) stats.abandoned++;
+    });
+    return;
+  }
+  if (path === "/large") {
+    const total = Number(url.searchParams.get("bytes") ?? 1024 * 1024);
+    req.resume();
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": total });
+    const chunk = Buffer.alloc(64 * 1024);
+    for (let i = 0; i < chunk.length; i++) chunk[i] = i % 251;
+    let sent = 0;
+    const pump = () => {
+      while (sent < total) {
+        const n = Math.min(chunk.length, total - sent);
+        sent += n;
+        if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n))) {
+          res.once("drain", pump);
+          return;
+        }
+      }
+      res.end();
+    };
+    pump();
+    return;
+  }
+  if (path === "/digest") {
+    const h = createHash("sha256");
+    let bytes = 0;
+    req.on("data", (c: Buffer) => {
+      bytes += c.length;
+      h.update(c);
+    });
+    req.on("end", () => json(res, 200, { bytes, sha256: h.digest("hex") }));
+    return;
+  }
+  if (path.startsWith("/status/")) {
+    const code = Number(path.slice("/status/".length));
+    req.resume();
+    if (!(code >= 200 && code <= 599)) return json(res, 400, { error: "status must be 200-599" });
+    return json(
+      res,
+      code,
+      code >= 400 ? { error: `the example server was asked to fail with ${code}` } : { status: code },
+    );
+  }
+  if (path === "/headers") {
+    req.resume();
+    return json(res, 200, { method: req.method, url: req.url, headers: req.headers });
+  }
+  if (path === "/hang") {
+    stats.hanging++;
+    req.resume();
+    res.once("close", () => {
+      stats.hanging--;
+      stats.abandoned++;
+    });
+    return;
+  }
+  req.resume();
+  json(res, 404, { error: `no route ${path}` });
+}
+
+function listenAddress(): { host: string; port: number } {
+  const i = process.argv.indexOf("--listen");
+  if (i !== -1) {
+    const [host, port] = process.argv[i + 1].split(":");
+    return { host: host, port: Number(port) };
+  }
+  return {
+    host: process.env.INFERENCE_HOST ?? "127.0.0.1",
+    port: Number(process.env.INFERENCE_PORT ?? 8000),
+  };
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const { host, port } = listenAddress();
+  const server = createServer({ keepAliveTimeout: 65_000 }, handle);
+  server.listen(port, host, () => {
+    const a = server.address();
+    console.log(
+      JSON.stringify({
+        msg: "example inference server listening",
+        host,
+        port: typeof a === "object" && a ? a.port : port,
+      }),
+    );
+  });
+  const stop = () => server.close(() => process.exit(0));
+  process.on("SIGTERM", stop);
+  process.on("SIGINT", stop);
+}

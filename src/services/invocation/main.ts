@@ -1,0 +1,38 @@
+import { readServiceToken } from "../../lib/auth.js";
+import { runService } from "../../lib/service-main.js";
+import { createInvocationService } from "./service.js";
+
+runService(
+  "invocation",
+  async (config, logger) => {
+    // As in Kubernetes, each replica learns its own address from POD_IP; the local stack sets it.
+    const host = process.env.POD_IP;
+    if (!host)
+      throw new Error(
+        "POD_IP is not set: the invocation service listens on its pod's own address (the local stack sets POD_IP per replica)",
+      );
+    const service = createInvocationService({
+      listen: { host, port: config.invocation.port },
+      region: config.global.region,
+      serviceDomain: config.global.serviceDomain,
+      selfAddress:
+        config.invocation.selfAddress || config.global.workerEndpoints.invocationServiceURL || undefined,
+      natsUrl: config.nats.url,
+      apiUrl: config.api.url,
+      serviceToken: readServiceToken(config.auth.serviceTokenDir, "invocation"),
+      inlineBodyBytes: config.invocation.inlineBodyBytes,
+      poll: config.invocation.poll,
+      statusRequestTimeoutMs: config.invocation.statusRequestTimeoutSeconds * 1000,
+      authCache: config.invocation.authCache,
+      queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
+      logger,
+    });
+    const url = await service.listen();
+    return {
+      urls: { invocation: url.origin, target: service.targetUri },
+      close: (g) => service.close(g),
+      destroy: () => service.destroy(),
+    };
+  },
+  { graceMs: (c) => c.invocation.shutdownGraceSeconds * 1000 },
+);

@@ -1,0 +1,705 @@
+// The invocation service: clients invoke functions over HTTP (contract §2), the request is queued
+// to a worker through JetStream (§3.2), and the worker calls back to this replica, the one that
+// holds the client's connection, to fetch the rest of the body and to stream the answer (§3.6).
+//
+// Everything a request needs lives in this process's memory: the client's request and response,
+// the two single-use attach tokens, the window timer. The request id names this replica (ids.ts),
+// so later a callback that lands elsewhere can be relayed here.
+import { create, toBinary } from "@bufbuild/protobuf";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
+import { Kvm, type KV } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
+import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
+import { CallplaneError } from "../../lib/errors.js";
+import { H1_CONTENT_TYPE, FramingError } from "../../lib/h1.js";
+import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
+import { Router, bearerToken, createHttpService, sendProblem, type RequestContext } from "../../lib/http.js";
+import { holderHex, isUuid, newHolderId, newRequestId, newToken } from "../../lib/ids.js";
+import { silentLogger, type Logger } from "../../lib/log.js";
+import {
+  Counter,
+  Gauge,
+  Histogram,
+  LATENCY_BUCKETS,
+  createRegistry,
+  type Registry,
+} from "../../lib/metrics.js";
+import { dashIp, type HostPort } from "../../lib/net.js";
+import {
+  WorkQueues,
+  classifyPublishError,
+  connectNats,
+  subjects,
+  type QueueLimits,
+} from "../../lib/queue.js";
+import { PumpLimitError, pump, readFramedHead, readPrefix } from "../../lib/stream.js";
+import { AuthCache, type Grant, type GrantVersion } from "./auth-cache.js";
+import { isIPv4 } from "node:net";
+
+export interface InvocationServiceOptions {
+  listen: HostPort;
+  region: string;
+  serviceDomain: string;
+  /** Overrides the pod address handed to workers (WORKER_STREAM_PROPERTIES__SELF_ADDRESS upstream). */
+  selfAddress?: string;
+  natsUrl: string;
+  apiUrl: string;
+  serviceToken: string;
+  inlineBodyBytes?: number;
+  poll?: {
+    defaultSeconds: number;
+    streamingDefaultSeconds: number;
+    maxSeconds: number;
+    graceSeconds: number;
+  };
+  statusRequestTimeoutMs?: number;
+  authCache?: { ttlSeconds: number; negativeTtlSeconds: number; maxEntries: number };
+  queue: QueueLimits;
+  logger?: Logger;
+  registry?: Registry;
+  holderId?: number;
+}
+
+type PendingState = "queued" | "responding" | "done";
+
+interface Pending {
+  requestId: string;
+  functionId: string;
+  version: GrantVersion;
+  clientReq: IncomingMessage;
+  clientRes: ServerResponse;
+  /** Body bytes already read past the inline part, served first on GET request-attach. */
+  leftover: Buffer | undefined;
+  requestToken: string | undefined;
+  responseToken: string;
+  state: PendingState;
+  timer: NodeJS.Timeout | undefined;
+  /** True for a status poll (GET /v2/nvcf/pexec/status/{id}): its message is not in the queue. */
+  poll: boolean;
+  started: number;
+}
+
+interface PollRecord {
+  functionId: string;
+  functionVersionId: string;
+  defaultInvocationPath: string;
+  functionType: string;
+}
+
+const MAX_DIRECT_RESPONSE = 5 * 1024 * 1024;
+const DROP_TO_WORKER = new Set(["authorization", "host", "nvcf-poll-seconds", "nvcf-invocation-region"]);
+
+function nvcfStatus(status: number): string {
+  if (status === 202) return "in-progress";
+  if (status >= 200 && status < 400) return "fulfilled";
+  return "errored";
+}
+
+export interface InvocationService {
+  listen(): Promise<URL>;
+  close(graceMs?: number): Promise<void>;
+  destroy(): void;
+  /** The callback target handed to workers (the pod address). */
+  readonly targetUri: string;
+  readonly holderId: number;
+  readonly registry: Registry;
+}
+
+export function createInvocationService(opts: InvocationServiceOptions): InvocationService {
+  const logger = opts.logger ?? silentLogger();
+  const registry = opts.registry ?? createRegistry("invocation");
+  const holderId = opts.holderId ?? newHolderId();
+  const inlineLimit = opts.inlineBodyBytes ?? 32 * 1024;
+  const poll = opts.poll ?? {
+    defaultSeconds: 60,
+    streamingDefaultSeconds: 1200,
+    maxSeconds: 3600,
+    graceSeconds: 2,
+  };
+  const statusTimeoutMs = opts.statusRequestTimeoutMs ?? 5000;
+  const cacheOpts = opts.authCache ?? { ttlSeconds: 10, negativeTtlSeconds: 5, maxEntries: 10_000 };
+  const auth = new AuthCache({
+    apiUrl: opts.apiUrl,
+    serviceToken: opts.serviceToken,
+    ttlMs: cacheOpts.ttlSeconds * 1000,
+    negativeTtlMs: cacheOpts.negativeTtlSeconds * 1000,
+    maxEntries: cacheOpts.maxEntries,
+    logger,
+    registry,
+  });
+
+  const invocations = new Counter({
+    name: "callplane_invocations_total",
+    help: "Client invocations by outcome (answered: a worker answered; timeout: no worker within the window; client_gone; rejected: refused before queueing)",
+    labelNames: ["outcome"],
+    registers: [registry],
+  });
+  const firstByte = new Histogram({
+    name: "callplane_invocation_first_byte_seconds",
+    help: "From the client's request to the worker's response head",
+    buckets: LATENCY_BUCKETS,
+    registers: [registry],
+  });
+  const inFlight = new Gauge({
+    name: "callplane_invocations_in_flight",
+    help: "Requests this replica holds",
+    registers: [registry],
+  });
+  const attaches = new Counter({
+    name: "callplane_attach_requests_total",
+    help: "Worker request-attach calls by kind and result",
+    labelNames: ["kind", "result"],
+    registers: [registry],
+  });
+
+  let nc: NatsConnection | undefined;
+  let js: JetStreamClient | undefined;
+  let queues: WorkQueues | undefined;
+  let pollKv: Promise<KV> | undefined;
+  let targetUri = "";
+  const tokens = new Map<string, { kind: "request" | "response"; pending: Pending }>();
+  const pendings = new Set<Pending>();
+
+  function pollWindow(req: IncomingMessage): number {
+    const raw = req.headers["nvcf-poll-seconds"];
+    const streaming = req.headers.accept === "text/event-stream";
+    if (raw === undefined) return streaming ? poll.streamingDefaultSeconds : poll.defaultSeconds;
+    const text = Array.isArray(raw) ? raw[0] : raw;
+    if (!/^\s*\d+\s*$/.test(text)) {
+      throw new CallplaneError(
+        "BAD_POLL_SECONDS",
+        `NVCF-POLL-SECONDS must be a whole number of seconds between 1 and ${poll.maxSeconds}, not ${JSON.stringify(text.slice(0, 40))}`,
+      );
+    }
+    const n = Number(text);
+    if (n > poll.maxSeconds)
+      throw new CallplaneError("BAD_POLL_SECONDS", `NVCF-POLL-SECONDS must be <= ${poll.maxSeconds}`);
+    return Math.max(1, n);
+  }
+
+  function pollKvBucket(): Promise<KV> {
+    pollKv ??= new Kvm(nc!).create(`requestToFunctionVersion_${opts.region}`, {
+      history: 1,
+      ttl: 3600_000,
+      storage: "memory" as never,
+    });
+    return pollKv;
+  }
+
+  function forwardHeaders(req: IncomingMessage, pollSeconds: number): StringKV[] {
+    const raw = req.rawHeaders;
+    const listed = connectionListed(req.headers.connection);
+    const out: StringKV[] = [];
+    for (let i = 0; i < raw.length; i += 2) {
+      const lower = raw[i].toLowerCase();
+      if (HOP_BY_HOP.has(lower) || DROP_TO_WORKER.has(lower) || listed.has(lower)) continue;
+      out.push({ key: raw[i], value: raw[i + 1] } as StringKV);
+    }
+    out.push(
+      { key: "NVCF-POLL-SECONDS", value: String(pollSeconds) } as StringKV,
+      { key: "NVCF-INVOCATION-REGION", value: opts.region } as StringKV,
+    );
+    return out;
+  }
+
+  function release(p: Pending): void {
+    if (p.state === "done") return;
+    p.state = "done";
+    if (p.timer) clearTimeout(p.timer);
+    tokens.delete(p.responseToken);
+    if (p.requestToken) tokens.delete(p.requestToken);
+    pendings.delete(p);
+    inFlight.dec();
+  }
+
+  /** Tells the worker to stop and removes the message if no worker took it yet. */
+  function cancel(p: Pending, why: string): void {
+    // A status poll that ends (client left, window over) does not end the request: the client may
+    // poll again, and the worker gives up on its own when polls stop coming.
+    if (p.poll) return;
+    logger.debug({ requestId: p.requestId, why }, "cancelling request");
+    try {
+      nc?.publish(subjects.cancel(p.version.functionVersionId), p.requestId);
+    } catch (err) {
+      logger.warn({ requestId: p.requestId, err }, "could not publish the cancel");
+    }
+    if (!queues) return;
+    const fvid = p.version.functionVersionId;
+    queues
+      .manager()
+      .then((jsm) =>
+        jsm.streams.purge(subjects.stream(opts.region, fvid), {
+          filter: subjects.work(opts.region, fvid, p.requestId),
+        }),
+      )
+      .catch((err: unknown) => logger.debug({ requestId: p.requestId, err }, "purge after cancel failed"));
+  }
+
+  function track(p: Pending, windowSeconds: number): void {
+    pendings.add(p);
+    inFlight.inc();
+    tokens.set(p.responseToken, { kind: "response", pending: p });
+    if (p.requestToken) tokens.set(p.requestToken, { kind: "request", pending: p });
+    p.clientRes.once("close", () => {
+      if (p.state === "done") return;
+      const wasQueued = p.state === "queued";
+      if (!p.clientRes.writableFinished) {
+        invocations.inc({ outcome: "client_gone" });
+        cancel(p, wasQueued ? "client left while queued" : "client left during the response");
+      }
+      release(p);
+    });
+    p.timer = setTimeout(
+      () => {
+        if (p.state !== "queued") return;
+        invocations.inc({ outcome: "timeout" });
+        logger.info(
+          { requestId: p.requestId, functionId: p.functionId, windowSeconds },
+          "no worker answered within the window",
+        );
+        sendProblem(
+          p.clientRes,
+          new CallplaneError(
+            "INVOCATION_TIMEOUT",
+            p.poll
+              ? `the worker did not answer the status request within ${windowSeconds} s; poll again`
+              : `no worker answered function ${p.functionId} (version ${p.version.functionVersionId}) within ${windowSeconds} s; the request was cancelled and removed from the queue. Check that the function is deployed and its instances are ACTIVE (callplane deploy get)`,
+            { extra: { requestId: p.requestId } },
+          ),
+          logger,
+          { "nvcf-reqid": p.requestId },
+        );
+        cancel(p, "window ended");
+        release(p);
+      },
+      (windowSeconds + poll.graceSeconds) * 1000,
+    );
+  }
+
+  function workMessage(
+    p: Pending,
+    method: string,
+    path: string,
+    headers: StringKV[],
+    body: Buffer | undefined,
+    grant: Pick<Grant, "ncaId" | "subject">,
+  ): Uint8Array {
+    return toBinary(
+      WorkerInvokeFunctionRequestSchema,
+      create(WorkerInvokeFunctionRequestSchema, {
+        requestId: p.requestId,
+        ncaId: grant.ncaId,
+        subject: grant.subject,
+        maxDirectResponseSizeBytes: MAX_DIRECT_RESPONSE,
+        requestTime: timestampFromMs(p.started),
+        ...(body && body.length ? { requestBody: body } : {}),
+        requestHeaders: headers,
+        requestMethod: method,
+        requestPath: path,
+        statelessConfig: {
+          connectionConfigs: [
+            {
+              config: {
+                case: "http1Config",
+                value: {
+                  targetURI: targetUri,
+                  responseAuthorizationToken: p.responseToken,
+                  ...(p.requestToken ? { requestAuthorizationToken: p.requestToken } : {}),
+                },
+              },
+            },
+          ],
+        },
+      }),
+    );
+  }
+
+  async function publish(fvid: string, requestId: string, data: Uint8Array): Promise<void> {
+    for (let attempt = 0; ; attempt++) {
+      await queues!.ensure(fvid);
+      try {
+        await js!.publish(subjects.work(opts.region, fvid, requestId), data, { msgID: requestId });
+        return;
+      } catch (err) {
+        const kind = classifyPublishError(err);
+        if (kind === "duplicate") return;
+        if (kind === "full") {
+          throw new CallplaneError(
+            "QUEUE_FULL",
+            `the queue of function version ${fvid} is full (${opts.queue.maxMessages} waiting requests); retry later or deploy more instances`,
+            {
+              cause: err,
+            },
+          );
+        }
+        if (kind === "no-stream" && attempt === 0) {
+          queues!.forget(fvid);
+          continue;
+        }
+        throw new CallplaneError(
+          "UNAVAILABLE",
+          "the work queue (NATS JetStream) did not accept the request; retry shortly",
+          { cause: err },
+        );
+      }
+    }
+  }
+
+  async function invoke(
+    ctx: RequestContext,
+    functionId: string,
+    functionVersionId: string | undefined,
+  ): Promise<void> {
+    const { req, res } = ctx;
+    const started = Date.now();
+    const windowSeconds = pollWindow(req);
+    const apiKey = bearerToken(req);
+    if (!isUuid(functionId))
+      throw new CallplaneError("FUNCTION_NOT_FOUND", `function id "${functionId}" is not a UUID`);
+    if (functionVersionId !== undefined && !isUuid(functionVersionId))
+      throw new CallplaneError("VERSION_NOT_FOUND", `version id "${functionVersionId}" is not a UUID`);
+    const grant = await auth.authorize(apiKey, functionId, functionVersionId);
+    const versions = grant.functionVersions;
+    const version =
+      versions.length === 1 ? versions[0] : versions[Math.floor(Math.random() * versions.length)];
+    const body = await readPrefix(req, inlineLimit);
+    if (res.destroyed) return;
+    const q = req.url!.indexOf("?");
+    const p: Pending = {
+      requestId: newRequestId(holderId),
+      functionId,
+      version,
+      clientReq: req,
+      clientRes: res,
+      leftover: body.rest,
+      requestToken: body.ended ? undefined : newToken(),
+      responseToken: newToken(),
+      state: "queued",
+      timer: undefined,
+      poll: false,
+      started,
+    };
+    const path = q === -1 ? version.defaultInvocationPath : version.defaultInvocationPath + req.url!.slice(q);
+    const data = workMessage(p, req.method!, path, forwardHeaders(req, windowSeconds), body.head, grant);
+    // The worker may call back as soon as the message is out, so the tokens are live before publishing.
+    track(p, windowSeconds);
+    try {
+      await publish(version.functionVersionId, p.requestId, data);
+    } catch (err) {
+      release(p);
+      invocations.inc({ outcome: "rejected" });
+      throw err;
+    }
+    ctx.log.debug(
+      { requestId: p.requestId, functionId, functionVersionId: version.functionVersionId },
+      "queued",
+    );
+  }
+
+  async function status(ctx: RequestContext): Promise<void> {
+    const { req, res, params } = ctx;
+    const requestId = params.requestId;
+    const windowSeconds = pollWindow(req);
+    const apiKey = bearerToken(req);
+    if (!isUuid(requestId))
+      throw new CallplaneError(
+        "REQUEST_NOT_FOUND",
+        `"${requestId}" is not a request id (a UUID from the NVCF-REQID header)`,
+      );
+    const entry = await (await pollKvBucket()).get(requestId);
+    if (!entry || entry.operation !== "PUT") {
+      throw new CallplaneError(
+        "REQUEST_NOT_FOUND",
+        `no request ${requestId} is in progress: it is unknown, finished (a final answer is delivered once), or older than 1 h`,
+      );
+    }
+    const rec = entry.json<PollRecord>();
+    const grant = await auth.authorize(apiKey, rec.functionId, rec.functionVersionId);
+    const p: Pending = {
+      requestId,
+      functionId: rec.functionId,
+      version: {
+        functionVersionId: rec.functionVersionId,
+        defaultInvocationPath: rec.defaultInvocationPath,
+        functionType: rec.functionType,
+      },
+      clientReq: req,
+      clientRes: res,
+      leftover: undefined,
+      requestToken: undefined,
+      responseToken: newToken(),
+      state: "queued",
+      timer: undefined,
+      poll: true,
+      started: Date.now(),
+    };
+    const data = workMessage(
+      p,
+      "GET",
+      rec.defaultInvocationPath,
+      forwardHeaders(req, windowSeconds),
+      undefined,
+      grant,
+    );
+    track(p, windowSeconds);
+    try {
+      await nc!.request(subjects.polling(requestId), data, { timeout: statusTimeoutMs });
+    } catch (err) {
+      release(p);
+      throw new CallplaneError(
+        "WORKER_NOT_ACKNOWLEDGED",
+        `worker did not acknowledge the status request for ${requestId}; it may have stopped. Poll again, or invoke anew`,
+        { cause: err },
+      );
+    }
+  }
+
+  /** GET /v2/nvcf/worker/request-attach: the worker fetches the body beyond the inline part. */
+  async function attachRequest(ctx: RequestContext): Promise<void> {
+    const { req, res } = ctx;
+    const entry = takeToken(req, "request");
+    const p = entry.pending;
+    if (p.state === "done" || p.clientRes.destroyed) {
+      attaches.inc({ kind: "request", result: "client_gone" });
+      throw new CallplaneError("CLIENT_GONE", `the client of request ${p.requestId} went away`);
+    }
+    attaches.inc({ kind: "request", result: "ok" });
+    res.writeHead(200, { "content-type": "application/octet-stream", "nvcf-reqid": p.requestId });
+    if (p.leftover) res.write(p.leftover);
+    p.leftover = undefined;
+    try {
+      await pump(p.clientReq, res);
+      res.end();
+    } catch (err) {
+      ctx.log.debug({ requestId: p.requestId, err }, "request body stream to the worker broke");
+      res.destroy();
+    }
+  }
+
+  function takeToken(req: IncomingMessage, kind: "request" | "response") {
+    let token: string;
+    try {
+      token = bearerToken(req);
+    } catch {
+      attaches.inc({ kind, result: "bad_token" });
+      throw new CallplaneError(
+        "ATTACH_TOKEN_INVALID",
+        "The provided authorization token is invalid or has expired",
+      );
+    }
+    const entry = tokens.get(token);
+    if (!entry || entry.kind !== kind) {
+      attaches.inc({ kind, result: "bad_token" });
+      throw new CallplaneError(
+        "ATTACH_TOKEN_INVALID",
+        "The provided authorization token is invalid or has expired",
+      );
+    }
+    tokens.delete(token);
+    return entry;
+  }
+
+  /** POST /v2/nvcf/worker/request-attach: the worker streams the framed answer to the waiting client. */
+  async function attachResponse(ctx: RequestContext): Promise<void> {
+    const { req, res } = ctx;
+    const entry = takeToken(req, "response");
+    const p = entry.pending;
+    if (p.state === "done" || p.clientRes.destroyed) {
+      attaches.inc({ kind: "response", result: "client_gone" });
+      throw new CallplaneError(
+        "CLIENT_GONE",
+        `the client of request ${p.requestId} went away; stop working on it`,
+      );
+    }
+    const type = req.headers["content-type"];
+    if (type !== H1_CONTENT_TYPE) {
+      attaches.inc({ kind: "response", result: "bad_framing" });
+      failClient(p, `the worker sent content type ${type ?? "(none)"}`);
+      throw new CallplaneError(
+        "ATTACH_FRAMING_INVALID",
+        `send the response as ${H1_CONTENT_TYPE} (an HTTP/1.1 message), not ${type ?? "no content type"}`,
+      );
+    }
+    p.state = "responding";
+    if (p.timer) clearTimeout(p.timer);
+    let framed;
+    try {
+      framed = await readFramedHead(req);
+    } catch (err) {
+      attaches.inc({ kind: "response", result: "bad_framing" });
+      const detail =
+        err instanceof FramingError
+          ? err.message
+          : `the framed response broke off: ${(err as Error).message}`;
+      failClient(p, detail);
+      throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
+    }
+    const { head, rest } = framed;
+    const client = p.clientRes;
+    const headers: OutgoingHttpHeaders = {};
+    const listed = new Set<string>();
+    for (const [name, value] of head.headers)
+      if (name.toLowerCase() === "connection") for (const n of connectionListed(value)) listed.add(n);
+    for (const [name, value] of head.headers) {
+      const lower = name.toLowerCase();
+      if (
+        HOP_BY_HOP.has(lower) ||
+        listed.has(lower) ||
+        lower.startsWith("nvcf-reqid") ||
+        lower === "nvcf-status"
+      )
+        continue;
+      const cur = headers[lower];
+      headers[lower] =
+        cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [String(cur), value];
+    }
+    headers["nvcf-reqid"] = p.requestId;
+    headers["nvcf-status"] = nvcfStatus(head.status);
+    headers["access-control-expose-headers"] = "nvcf-reqid";
+    if (head.status === 202) {
+      try {
+        await (
+          await pollKvBucket()
+        ).put(
+          p.requestId,
+          JSON.stringify({
+            functionId: p.functionId,
+            functionVersionId: p.version.functionVersionId,
+            defaultInvocationPath: p.version.defaultInvocationPath,
+            functionType: p.version.functionType,
+          } satisfies PollRecord),
+        );
+      } catch (err) {
+        logger.error({ requestId: p.requestId, err }, "could not record the in-progress request for polling");
+      }
+    } else if (p.poll) {
+      pollKvBucket()
+        .then((kv) => kv.purge(p.requestId))
+        .catch((err: unknown) => logger.debug({ err }, "purge of the poll record failed"));
+    }
+    firstByte.observe((Date.now() - p.started) / 1000);
+    invocations.inc({ outcome: "answered" });
+    attaches.inc({ kind: "response", result: "ok" });
+    client.writeHead(head.status, headers);
+    const bodyless = head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";
+    let ok = true;
+    if (!bodyless) {
+      if (rest.length) client.write(rest);
+      const limit = head.contentLength === undefined ? undefined : head.contentLength - rest.length;
+      try {
+        await pump(req, client, limit === undefined ? {} : { limit: Math.max(0, limit) });
+      } catch (err) {
+        ok = false;
+        ctx.log.debug(
+          { requestId: p.requestId, err: (err as Error).message },
+          err instanceof PumpLimitError
+            ? "the worker sent more than Content-Length"
+            : "response stream broke",
+        );
+      }
+    } else {
+      req.resume();
+    }
+    if (!ok || client.destroyed) {
+      client.destroy();
+      release(p);
+      if (!res.headersSent) {
+        res.writeHead(410, { "content-type": "application/problem+json", connection: "close" });
+        res.end(
+          JSON.stringify(
+            new CallplaneError(
+              "CLIENT_GONE",
+              `the response to ${p.requestId} could not be delivered in full`,
+            ).toProblem(),
+          ),
+        );
+      }
+      return;
+    }
+    client.end();
+    await new Promise<void>((resolve) => {
+      if (client.writableFinished) resolve();
+      else client.once("close", () => resolve());
+    });
+    release(p);
+    res.writeHead(200, { "content-type": "application/json", "content-length": 2 });
+    res.end("{}");
+  }
+
+  /** The worker produced no valid answer: the client gets a 502 rather than waiting for the window. */
+  function failClient(p: Pending, why: string): void {
+    if (p.state === "done") return;
+    sendProblem(
+      p.clientRes,
+      new CallplaneError(
+        "WORKER_RESPONSE_INVALID",
+        `the worker's answer to request ${p.requestId} was malformed (${why})`,
+        { extra: { requestId: p.requestId } },
+      ),
+      logger,
+      { "nvcf-reqid": p.requestId },
+    );
+    release(p);
+  }
+
+  const router = new Router()
+    .add("POST", "/v2/nvcf/pexec/functions/:fid", (ctx) => invoke(ctx, ctx.params.fid, undefined))
+    .add("POST", "/v2/nvcf/pexec/functions/:fid/versions/:vid", (ctx) =>
+      invoke(ctx, ctx.params.fid, ctx.params.vid),
+    )
+    .add("GET", "/v2/nvcf/pexec/status/:requestId", status)
+    .add("GET", "/v2/nvcf/worker/request-attach", attachRequest, { duringDrain: true })
+    .add("POST", "/v2/nvcf/worker/request-attach", attachResponse, { duringDrain: true });
+
+  const http = createHttpService({
+    name: "invocation",
+    listen: opts.listen,
+    logger,
+    registry,
+    router,
+    ready: () => nc !== undefined && !nc.isClosed(),
+  });
+
+  return {
+    get targetUri() {
+      return targetUri;
+    },
+    holderId,
+    registry,
+    async listen() {
+      nc = await connectNats(opts.natsUrl, `invocation-${holderHex(holderId)}`, logger);
+      js = jetstream(nc);
+      queues = new WorkQueues(nc, opts.region, opts.queue);
+      const url = await http.listen();
+      if (opts.selfAddress) {
+        targetUri = opts.selfAddress.replace(/\/+$/, "");
+      } else {
+        if (!isIPv4(opts.listen.host) || opts.listen.host === "0.0.0.0") {
+          throw new Error(
+            `cannot build the pod address from listen host ${opts.listen.host}: listen on the pod's IPv4 address (POD_IP) or set invocation.selfAddress`,
+          );
+        }
+        targetUri = `http://${dashIp(opts.listen.host)}.invocation.${opts.serviceDomain}:${url.port}`;
+      }
+      logger.info({ targetUri, holder: holderHex(holderId) }, "workers call back at the pod address");
+      return url;
+    },
+    async close(graceMs = 30_000) {
+      await http.close(graceMs);
+      for (const p of [...pendings]) {
+        cancel(p, "replica stopping");
+        p.clientRes.destroy();
+        release(p);
+      }
+      await auth.close();
+      await nc?.drain().catch(() => undefined);
+    },
+    destroy() {
+      http.destroy();
+      void auth.close();
+      void nc?.close();
+    },
+  };
+}

@@ -1,0 +1,254 @@
+// The worker agent: the sidecar beside an inference server. It waits for the server's health,
+// pulls work for its function version by credit (never more messages than free slots), keeps each
+// message alive with in-progress acks while it works, answers cancels, and acks when done.
+import { jetstream, type Consumer, type JsMsg } from "@nats-io/jetstream";
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { setTimeout as sleep } from "node:timers/promises";
+import { Pool, request } from "undici";
+import { Router, createHttpService, sendJson } from "../../lib/http.js";
+import { silentLogger, type Logger } from "../../lib/log.js";
+import {
+  Counter,
+  Gauge,
+  Histogram,
+  LATENCY_BUCKETS,
+  createRegistry,
+  type Registry,
+} from "../../lib/metrics.js";
+import { WorkQueues, connectNats, subjects } from "../../lib/queue.js";
+import { CallbackClient } from "./callback.js";
+import type { WorkerConfig } from "./config.js";
+import { WorkItem, type WorkOutcome } from "./work.js";
+
+export interface WorkerAgent {
+  /** Starts health endpoints, waits for the inference server, then starts pulling work. */
+  start(): Promise<{ health: URL }>;
+  close(graceMs?: number): Promise<void>;
+  destroy(): void;
+  readonly registry: Registry;
+}
+
+export function createWorkerAgent(
+  cfg: WorkerConfig,
+  opts: { logger?: Logger; registry?: Registry } = {},
+): WorkerAgent {
+  const logger = opts.logger ?? silentLogger();
+  const registry = opts.registry ?? createRegistry("worker");
+  const items = new Counter({
+    name: "callplane_worker_requests_total",
+    help: "Work messages handled, by outcome",
+    labelNames: ["outcome"],
+    registers: [registry],
+  });
+  const busy = new Gauge({
+    name: "callplane_worker_busy_slots",
+    help: "Requests in progress (of MAX_REQUEST_CONCURRENCY)",
+    registers: [registry],
+  });
+  const duration = new Histogram({
+    name: "callplane_worker_request_seconds",
+    help: "From pull to ack",
+    buckets: LATENCY_BUCKETS,
+    registers: [registry],
+  });
+  const inference = new Pool(
+    `http://${cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host}:${cfg.inference.port}`,
+    {
+      connections: cfg.concurrency + 2,
+      keepAliveTimeout: 30_000,
+    },
+  );
+  const callbacks = new CallbackClient({
+    hostMap: cfg.hostMap,
+    serviceDomain: cfg.serviceDomain,
+    caPem: cfg.proxyCaPem || undefined,
+  });
+  const inflight = new Map<string, WorkItem>();
+  let nc: NatsConnection | undefined;
+  let cancelSub: Subscription | undefined;
+  let ready = false;
+  let stopping = false;
+  let active = 0;
+  let slotFreed: (() => void) | undefined;
+  let currentFetch: { stop(): void } | undefined;
+  let loop: Promise<void> | undefined;
+  const stopController = new AbortController();
+
+  const router = new Router()
+    .add("GET", "/v1/health/live", ({ res }) => sendJson(res, 200, { status: "live" }))
+    .add("GET", "/v1/health/ready", ({ res }) =>
+      sendJson(res, ready && !stopping ? 200 : 503, {
+        status: ready && !stopping ? "ready" : stopping ? "stopping" : "starting",
+        busy: active,
+        concurrency: cfg.concurrency,
+      }),
+    );
+  const http = createHttpService({
+    name: "worker",
+    listen: cfg.healthListen,
+    logger,
+    registry,
+    router,
+    ready: () => ready,
+  });
+
+  async function waitForInference(): Promise<void> {
+    const deadline = Date.now() + cfg.health.readyTimeoutMs;
+    const url = `http://${cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host}:${cfg.health.port}${cfg.health.path}`;
+    let last = "";
+    let delay = 100;
+    while (!stopController.signal.aborted) {
+      try {
+        const res = await request(url, {
+          headersTimeout: cfg.health.timeoutMs,
+          bodyTimeout: cfg.health.timeoutMs,
+          signal: stopController.signal,
+        });
+        await res.body.dump();
+        if (res.statusCode === cfg.health.expectedStatus) {
+          logger.info({ url }, "inference server is healthy");
+          return;
+        }
+        last = `status ${res.statusCode}, expected ${cfg.health.expectedStatus}`;
+      } catch (err) {
+        last = (err as Error).message;
+      }
+      if (Date.now() > deadline)
+        throw new Error(
+          `the inference server at ${url} did not become healthy within ${cfg.health.readyTimeoutMs / 1000} s (last: ${last})`,
+        );
+      await sleep(delay, undefined, { signal: stopController.signal }).catch(() => undefined);
+      delay = Math.min(delay * 2, 1000);
+    }
+  }
+
+  async function handle(m: JsMsg): Promise<void> {
+    const started = performance.now();
+    const keepAlive = setInterval(() => m.working(), cfg.keepAliveMs);
+    let outcome: WorkOutcome = "failed";
+    let item: WorkItem | undefined;
+    try {
+      item = new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, WorkItem.decode(m.data));
+      inflight.set(item.requestId, item);
+      outcome = await item.run();
+    } catch (err) {
+      logger.error({ err, requestId: item?.requestId }, "work failed");
+    } finally {
+      clearInterval(keepAlive);
+      if (item) inflight.delete(item.requestId);
+      // acked even on failure (contract §3.2): a redelivery would find the tokens used
+      m.ack();
+      items.inc({ outcome });
+      duration.observe((performance.now() - started) / 1000);
+    }
+  }
+
+  async function pullLoop(consumer: Consumer): Promise<void> {
+    while (!stopping) {
+      const free = cfg.concurrency - active;
+      if (free <= 0) {
+        await new Promise<void>((resolve) => (slotFreed = resolve));
+        continue;
+      }
+      let batch;
+      try {
+        batch = await consumer.fetch({ max_messages: free, expires: 30_000 });
+      } catch (err) {
+        if (stopping) return;
+        logger.warn({ err: (err as Error).message }, "pulling work failed; retrying");
+        await sleep(1000);
+        continue;
+      }
+      currentFetch = batch;
+      try {
+        for await (const m of batch) {
+          active++;
+          busy.set(active);
+          void handle(m).finally(() => {
+            active--;
+            busy.set(active);
+            const f = slotFreed;
+            slotFreed = undefined;
+            f?.();
+          });
+        }
+      } catch (err) {
+        if (stopping) return;
+        logger.warn({ err: (err as Error).message }, "the pull was interrupted; pulling again");
+        await sleep(500);
+      } finally {
+        currentFetch = undefined;
+      }
+    }
+  }
+
+  return {
+    registry,
+    async start() {
+      const health = await http.listen();
+      await waitForInference();
+      nc = await connectNats(
+        cfg.natsUrl,
+        `worker_${cfg.functionVersionId}_${cfg.instanceId || process.pid}`,
+        logger,
+      );
+      const queues = new WorkQueues(nc, cfg.region, {
+        maxMessages: cfg.streamMaxMessages,
+        maxMessageBytes: 6 * 1024 * 1024,
+        replicas: 1,
+        ackWaitSeconds: cfg.ackWaitSeconds,
+      });
+      await queues.ensure(cfg.functionVersionId);
+      cancelSub = nc.subscribe(subjects.cancel(cfg.functionVersionId), {
+        callback: (err, m) => {
+          if (err) return;
+          const id = m.string();
+          const item = inflight.get(id);
+          if (item) {
+            logger.info({ requestId: id }, "cancel received: stopping the inference call");
+            item.abort.abort();
+          }
+        },
+      });
+      const consumer = await jetstream(nc).consumers.get(
+        subjects.stream(cfg.region, cfg.functionVersionId),
+        subjects.consumer(cfg.region, cfg.functionVersionId),
+      );
+      ready = true;
+      loop = pullLoop(consumer);
+      loop.catch((err: unknown) => logger.error({ err }, "pull loop stopped"));
+      logger.info(
+        {
+          functionId: cfg.functionId,
+          functionVersionId: cfg.functionVersionId,
+          concurrency: cfg.concurrency,
+        },
+        "worker is pulling work",
+      );
+      return { health };
+    },
+    async close(graceMs = 30_000) {
+      stopping = true;
+      ready = false;
+      stopController.abort();
+      currentFetch?.stop();
+      slotFreed?.();
+      const deadline = Date.now() + graceMs;
+      while (active > 0 && Date.now() < deadline) await sleep(100);
+      for (const item of inflight.values()) item.abort.abort();
+      cancelSub?.unsubscribe();
+      await nc?.drain().catch(() => undefined);
+      await http.close(1000);
+      await Promise.all([inference.close(), callbacks.close()]);
+    },
+    destroy() {
+      stopping = true;
+      stopController.abort();
+      for (const item of inflight.values()) item.abort.abort();
+      http.destroy();
+      void nc?.close();
+      void inference.destroy();
+      void callbacks.agent.destroy();
+    },
+  };
+}

@@ -1,0 +1,489 @@
+// One work message, from pull to ack (contract §3.5). The worker calls the inference server with
+// the request (inline bytes first, then the rest streamed from the replica), and answers the
+// replica with the framed response. In NVCF's compatibility mode (every request but SSE) it races
+// the inference call against the poll window and a progress file: whichever comes first is
+// answered, a 202 with the latest partial response when the answer is not ready. After a 202 the
+// client polls; each poll brings a fresh response token (and possibly another replica) and gets
+// the next 202 or the final answer. A request whose client stops polling is cancelled.
+import { fromBinary, type MessageShape } from "@bufbuild/protobuf";
+import { timestampMs } from "@bufbuild/protobuf/wkt";
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { mkdir, readFile, rm, stat } from "node:fs/promises";
+import { STATUS_CODES } from "node:http";
+import { join } from "node:path";
+import { Readable } from "node:stream";
+import type { Dispatcher, Pool } from "undici";
+import { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
+import { serializeResponseHead } from "../../lib/h1.js";
+import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
+import type { Logger } from "../../lib/log.js";
+import { subjects } from "../../lib/queue.js";
+import type { CallbackClient, CallbackTarget } from "./callback.js";
+import type { WorkerConfig } from "./config.js";
+
+type WorkRequest = MessageShape<typeof WorkerInvokeFunctionRequestSchema>;
+
+/** Headers the worker sets itself; a client's copies are dropped (contract §3.5). */
+const WORKER_OWNED = new Set(
+  [
+    "nvcf-reqid",
+    "nvcf-sub",
+    "nvcf-ncaid",
+    "nvcf-function-name",
+    "nvcf-function-id",
+    "nvcf-function-version-id",
+    "nvcf-asset-dir",
+    "nvcf-large-output-dir",
+    "nvcf-max-response-size-bytes",
+    "nvcf-nspectid",
+    "nvcf-backend",
+    "nvcf-instancetype",
+    "nvcf-region",
+    "nvcf-env",
+    "nvcf-function-asset-ids",
+    "nvcf-poll-seconds",
+    "host",
+  ].map((h) => h),
+);
+
+const ERROR_BODY_LIMIT = 64 * 1024;
+const PROGRESS_CHECK_MS = 250;
+
+export interface WorkDeps {
+  cfg: WorkerConfig;
+  logger: Logger;
+  callbacks: CallbackClient;
+  inference: Pool;
+  nc: NatsConnection;
+}
+
+export type WorkOutcome = "answered" | "cancelled" | "failed" | "abandoned";
+
+interface Progress {
+  percent: number | undefined;
+  partial: unknown;
+}
+
+function kebab(status: number): string {
+  return (STATUS_CODES[status] ?? "error").toLowerCase().replace(/[^a-z0-9]+/g, "-");
+}
+
+export function workerProblem(
+  source: "nvcf-worker-service" | "inference-service" | "inference-connection",
+  status: number,
+  detail: string,
+  requestId: string,
+): Buffer {
+  return Buffer.from(
+    JSON.stringify({
+      type: `urn:${source}:problem-details:${kebab(status)}`,
+      title: STATUS_CODES[status] ?? "Error",
+      status,
+      detail,
+      instance: `/v2/nvcf/pexec/status/${requestId}`,
+    }),
+  );
+}
+
+export class WorkItem {
+  readonly requestId: string;
+  readonly abort = new AbortController();
+  private target: CallbackTarget | undefined;
+  private deadline: number;
+  private giveUpAt = Infinity;
+  private readonly pollSeconds: number;
+  private readonly compat: boolean;
+  private wake: (() => void) | undefined;
+  private pollSub: Subscription | undefined;
+  private progress: Progress | undefined;
+  private progressUnreported = false;
+  private progressMtime = 0;
+  private outputDir: string | undefined;
+  private inferenceResult: { ok: Dispatcher.ResponseData } | { err: unknown } | undefined;
+
+  constructor(
+    private readonly deps: WorkDeps,
+    private readonly req: WorkRequest,
+  ) {
+    this.requestId = req.requestId;
+    const headers = new Map(req.requestHeaders.map((h) => [h.key.toLowerCase(), h.value]));
+    const poll = Number(headers.get("nvcf-poll-seconds"));
+    this.pollSeconds = Number.isFinite(poll) && poll > 0 ? poll : 60;
+    this.compat = headers.get("accept") !== "text/event-stream";
+    const requestTime = req.requestTime ? timestampMs(req.requestTime) : Date.now();
+    this.deadline = requestTime + this.pollSeconds * 1000;
+  }
+
+  static decode(data: Uint8Array): WorkRequest {
+    return fromBinary(WorkerInvokeFunctionRequestSchema, data);
+  }
+
+  private notify = (): void => {
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  };
+
+  async run(): Promise<WorkOutcome> {
+    const { logger } = this.deps;
+    const cfg = this.req.statelessConfig?.connectionConfigs[0]?.config;
+    if (cfg?.case !== "http1Config") {
+      logger.error(
+        { requestId: this.requestId },
+        "the work message has no HTTP callback configuration (statelessConfig); gRPC sessions are not served by this worker",
+      );
+      return "failed";
+    }
+    const http1 = cfg.value;
+    this.target = {
+      targetUri: http1.targetURI,
+      token: http1.responseAuthorizationToken,
+      proxyUri: http1.proxyURI,
+    };
+    const abortListener = () => this.notify();
+    this.abort.signal.addEventListener("abort", abortListener);
+    try {
+      if (this.compat) {
+        this.outputDir = join(this.deps.cfg.responseDir, this.requestId);
+        await mkdir(this.outputDir, { recursive: true });
+      }
+      const call = this.callInference(http1.targetURI, http1.requestAuthorizationToken, http1.proxyURI);
+      call.then(
+        (ok) => {
+          this.inferenceResult = { ok };
+          this.notify();
+        },
+        (err: unknown) => {
+          this.inferenceResult = { err };
+          this.notify();
+        },
+      );
+      for (;;) {
+        if (this.abort.signal.aborted) {
+          this.discardInference();
+          return "cancelled";
+        }
+        const now = Date.now();
+        if (this.inferenceResult && this.target) return await this.sendFinal(this.target);
+        if (this.compat && this.target && !this.inferenceResult) {
+          await this.checkProgress();
+          if (this.progressUnreported || now >= this.deadline) {
+            await this.sendInProgress(this.target);
+            continue;
+          }
+        }
+        if (!this.target && now >= this.giveUpAt) {
+          logger.info(
+            { requestId: this.requestId },
+            "no status poll came for the in-progress request: cancelling it",
+          );
+          this.abort.abort();
+          this.discardInference();
+          return "abandoned";
+        }
+        let waitMs = this.target
+          ? this.compat && !this.inferenceResult
+            ? Math.min(PROGRESS_CHECK_MS, this.deadline - now)
+            : 60_000
+          : this.giveUpAt - now;
+        waitMs = Math.max(1, Math.min(waitMs, 60_000));
+        await new Promise<void>((resolve) => {
+          const t = setTimeout(resolve, waitMs);
+          this.wake = () => {
+            clearTimeout(t);
+            resolve();
+          };
+        });
+      }
+    } finally {
+      this.abort.signal.removeEventListener("abort", abortListener);
+      this.pollSub?.unsubscribe();
+      if (this.outputDir) await rm(this.outputDir, { recursive: true, force: true }).catch(() => undefined);
+    }
+  }
+
+  private discardInference(): void {
+    if (this.inferenceResult && "ok" in this.inferenceResult) this.inferenceResult.ok.body.destroy();
+  }
+
+  private inferenceHeaders(): Record<string, string | string[]> {
+    const { cfg } = this.deps;
+    const req = this.req;
+    const listed = new Set<string>();
+    for (const h of req.requestHeaders)
+      if (h.key.toLowerCase() === "connection") for (const n of connectionListed(h.value)) listed.add(n);
+    const out: Record<string, string | string[]> = {};
+    for (const { key, value } of req.requestHeaders) {
+      const lower = key.toLowerCase();
+      if (HOP_BY_HOP.has(lower) || WORKER_OWNED.has(lower) || listed.has(lower)) continue;
+      const cur = out[lower];
+      out[lower] = cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [cur, value];
+    }
+    const remaining = Math.max(0, Math.floor((this.deadline - Date.now()) / 1000));
+    out["nvcf-reqid"] = req.requestId;
+    out["nvcf-sub"] = req.subject;
+    out["nvcf-ncaid"] = req.ncaId || cfg.ncaId;
+    out["nvcf-function-name"] = cfg.functionName;
+    out["nvcf-function-id"] = cfg.functionId;
+    out["nvcf-function-version-id"] = cfg.functionVersionId;
+    out["nvcf-instancetype"] = cfg.instanceType;
+    out["nvcf-region"] = cfg.region;
+    out["nvcf-backend"] = "callplane-local";
+    out["nvcf-max-response-size-bytes"] = String(req.maxDirectResponseSizeBytes);
+    out["nvcf-poll-seconds"] = String(remaining);
+    if (this.outputDir) out["nvcf-large-output-dir"] = this.outputDir;
+    if (this.compat && out["content-type"] === undefined) out["content-type"] = "application/json";
+    return out;
+  }
+
+  private callInference(
+    targetUri: string,
+    requestToken: string | undefined,
+    proxyUri: string | undefined,
+  ): Promise<Dispatcher.ResponseData> {
+    const { inference, callbacks } = this.deps;
+    const req = this.req;
+    if (!req.requestMethod) {
+      return Promise.reject(
+        new WorkerError(
+          501,
+          "the request asks for full-request streaming (no method in the work message), which this worker does not support",
+        ),
+      );
+    }
+    const headers = this.inferenceHeaders();
+    const inline = req.requestBody
+      ? Buffer.from(req.requestBody.buffer, req.requestBody.byteOffset, req.requestBody.byteLength)
+      : undefined;
+    let body: Buffer | Readable | undefined;
+    if (requestToken) {
+      const signal = this.abort.signal;
+      body = Readable.from(
+        (async function* () {
+          if (inline?.length) yield inline;
+          const r = await callbacks.fetchBody({ targetUri, token: requestToken, proxyUri }, signal);
+          if (r.statusCode !== 200) {
+            const text = await r.body.text().catch(() => "");
+            throw new WorkerError(
+              502,
+              `the replica refused to hand over the request body (${r.statusCode} ${text.slice(0, 200)})`,
+            );
+          }
+          yield* r.body;
+        })(),
+        { objectMode: false },
+      );
+    } else if (inline?.length) {
+      body = inline;
+      headers["content-length"] = String(inline.length);
+    } else {
+      delete headers["content-length"];
+    }
+    return inference.request({
+      method: req.requestMethod,
+      path: req.requestPath || "/",
+      headers,
+      body: body ?? null,
+      signal: this.abort.signal,
+      headersTimeout: 0,
+      bodyTimeout: 0,
+    });
+  }
+
+  private async checkProgress(): Promise<void> {
+    if (!this.outputDir) return;
+    const file = join(this.outputDir, "progress");
+    let mtime: number;
+    try {
+      mtime = (await stat(file)).mtimeMs;
+    } catch {
+      return;
+    }
+    if (mtime <= this.progressMtime) return;
+    this.progressMtime = mtime;
+    try {
+      const p = JSON.parse(await readFile(file, "utf8")) as {
+        id?: string;
+        progress?: number;
+        partialResponse?: unknown;
+      };
+      if (p.id !== undefined && p.id !== this.requestId) return;
+      this.progress = {
+        percent: typeof p.progress === "number" ? Math.max(0, Math.min(100, p.progress)) : undefined,
+        partial: p.partialResponse,
+      };
+      this.progressUnreported = true;
+    } catch (err) {
+      this.deps.logger.debug(
+        { requestId: this.requestId, err: (err as Error).message },
+        "progress file is not valid JSON yet",
+      );
+    }
+  }
+
+  private async sendInProgress(target: CallbackTarget): Promise<void> {
+    const body =
+      this.progress?.partial !== undefined
+        ? Buffer.from(JSON.stringify(this.progress.partial))
+        : Buffer.alloc(0);
+    const headers: Array<[string, string]> = [];
+    if (body.length) headers.push(["Content-Type", "application/json"]);
+    if (this.progress?.percent !== undefined)
+      headers.push(["NVCF-PERCENT-COMPLETE", String(this.progress.percent)]);
+    headers.push(["Content-Length", String(body.length)]);
+    this.progressUnreported = false;
+    this.target = undefined;
+    // polls may come only after the client has seen this 202, so listen before sending it
+    this.listenForPolls();
+    this.giveUpAt = Date.now() + Math.max(2 * this.pollSeconds, 10) * 1000;
+    const head = serializeResponseHead(202, headers);
+    await this.post(target, Buffer.concat([head, body]), head.length + body.length);
+  }
+
+  private listenForPolls(): void {
+    if (this.pollSub) return;
+    this.pollSub = this.deps.nc.subscribe(subjects.polling(this.requestId), {
+      callback: (err, m) => {
+        if (err) return;
+        let poll: WorkRequest;
+        try {
+          poll = WorkItem.decode(m.data);
+        } catch {
+          this.deps.logger.warn({ requestId: this.requestId }, "undecodable status poll");
+          return;
+        }
+        const cfg = poll.statelessConfig?.connectionConfigs[0]?.config;
+        if (cfg?.case !== "http1Config") return;
+        this.target = {
+          targetUri: cfg.value.targetURI,
+          token: cfg.value.responseAuthorizationToken,
+          proxyUri: cfg.value.proxyURI,
+        };
+        const seconds = Number(
+          poll.requestHeaders.find((h) => h.key.toLowerCase() === "nvcf-poll-seconds")?.value,
+        );
+        const pollTime = poll.requestTime ? timestampMs(poll.requestTime) : Date.now();
+        this.deadline = pollTime + (Number.isFinite(seconds) && seconds > 0 ? seconds : 60) * 1000;
+        this.giveUpAt = Infinity;
+        m.respond();
+        this.notify();
+      },
+    });
+  }
+
+  private async sendFinal(target: CallbackTarget): Promise<WorkOutcome> {
+    this.target = undefined;
+    const result = this.inferenceResult!;
+    if ("err" in result) {
+      if (this.abort.signal.aborted) return "cancelled";
+      const err = result.err;
+      const status = err instanceof WorkerError ? err.status : 502;
+      const source = err instanceof WorkerError ? "nvcf-worker-service" : "inference-connection";
+      const detail =
+        err instanceof WorkerError
+          ? err.message
+          : `the inference server at ${this.deps.cfg.inference.host}:${this.deps.cfg.inference.port} could not be reached: ${(err as Error).message}`;
+      this.deps.logger.warn(
+        { requestId: this.requestId, err: (err as Error).message },
+        "inference call failed",
+      );
+      await this.postProblem(target, status, source, detail);
+      return "failed";
+    }
+    const r = result.ok;
+    if (this.compat && r.statusCode >= 400) {
+      const text = await readLimited(r.body, ERROR_BODY_LIMIT);
+      let detail = "Inference error";
+      try {
+        const j = JSON.parse(text) as { error?: unknown };
+        if (typeof j.error === "string") detail = j.error;
+        else if (j.error !== undefined) detail = JSON.stringify(j.error);
+      } catch {
+        // not JSON: keep the generic detail
+      }
+      await this.postProblem(target, r.statusCode, "inference-service", detail);
+      return "answered";
+    }
+    const headers: Array<[string, string]> = [];
+    const listed = connectionListed(r.headers.connection);
+    for (const [k, v] of Object.entries(r.headers)) {
+      if (v === undefined || HOP_BY_HOP.has(k) || listed.has(k)) continue;
+      for (const one of Array.isArray(v) ? v : [v]) headers.push([k, one]);
+    }
+    const cl = r.headers["content-length"];
+    const contentLength = typeof cl === "string" && /^\d+$/.test(cl) ? Number(cl) : undefined;
+    const head = serializeResponseHead(r.statusCode, headers);
+    const inner = r.body;
+    const body = Readable.from(
+      (async function* () {
+        yield head;
+        yield* inner;
+      })(),
+      { objectMode: false },
+    );
+    await this.post(target, body, contentLength === undefined ? undefined : head.length + contentLength);
+    return "answered";
+  }
+
+  private async postProblem(
+    target: CallbackTarget,
+    status: number,
+    source: Parameters<typeof workerProblem>[0],
+    detail: string,
+  ): Promise<void> {
+    const body = workerProblem(source, status, detail, this.requestId);
+    const head = serializeResponseHead(status, [
+      ["Content-Type", "application/problem+json"],
+      ["Content-Length", String(body.length)],
+    ]);
+    await this.post(target, Buffer.concat([head, body]), head.length + body.length);
+  }
+
+  private async post(
+    target: CallbackTarget,
+    body: Readable | Buffer,
+    length: number | undefined,
+  ): Promise<void> {
+    try {
+      const res = await this.deps.callbacks.postResponse(target, body, length, this.abort.signal);
+      const text = await res.body.text();
+      if (res.statusCode !== 200) {
+        this.deps.logger.warn(
+          {
+            requestId: this.requestId,
+            status: res.statusCode,
+            answer: text.slice(0, 300),
+            target: target.targetUri,
+          },
+          "the replica did not take the response",
+        );
+      }
+    } catch (err) {
+      if (body instanceof Readable) body.destroy();
+      this.deps.logger.warn(
+        { requestId: this.requestId, err: (err as Error).message, target: target.targetUri },
+        "posting the response to the replica failed",
+      );
+    }
+  }
+}
+
+export class WorkerError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = "WorkerError";
+  }
+}
+
+async function readLimited(body: Dispatcher.ResponseData["body"], limit: number): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const c of body as AsyncIterable<Buffer>) {
+    if (size < limit) chunks.push(c.subarray(0, limit - size));
+    size += c.length;
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}

@@ -1,0 +1,230 @@
+// Test helpers that start real parts (nats-server, services on 127.0.0.1:0, child processes) and
+// always stop them when the test ends.
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import {
+  createAdminTokenSigner,
+  ensureAdminKeyPair,
+  ensureServiceTokens,
+  readServiceToken,
+  type AdminTokenSigner,
+  type ServiceName,
+} from "../../src/lib/auth.js";
+import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats-server.js";
+import { createAdminIssuer } from "../../src/services/admin-issuer/service.js";
+import { createApiService } from "../../src/services/api/service.js";
+import { openSqliteStore } from "../../src/services/api/store/sqlite.js";
+import type { Store } from "../../src/services/api/store/types.js";
+
+type Ctx = Pick<TestContext, "after">;
+
+export const repoRoot = join(import.meta.dirname, "..", "..", "..");
+export const distRoot = join(repoRoot, "dist");
+
+export function tmpDir(t: Ctx, prefix = "callplane-test-"): string {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+export interface Nats {
+  url: string;
+  port: number;
+  process: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/** Starts a real nats-server with JetStream on a random loopback port. */
+export async function startNats(t: Ctx, opts: { dir?: string } = {}): Promise<Nats> {
+  const dir = opts.dir ?? tmpDir(t, "callplane-nats-");
+  const files = writeNatsServerConfig(dir, { host: "127.0.0.1", port: -1 }, { name: "test" });
+  const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise((r) => child.once("exit", r));
+    child.kill("SIGTERM");
+    const k = setTimeout(() => child.kill("SIGKILL"), 3000);
+    await exited;
+    clearTimeout(k);
+  };
+  t.after(stop);
+  let port = 0;
+  for (let i = 0; i < 200 && !port; i++) {
+    const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
+    if (f) {
+      try {
+        const ports = JSON.parse(readFileSync(join(dir, f), "utf8")) as { nats: string[] };
+        port = Number(new URL(ports.nats[0]).port);
+      } catch {
+        // written but not complete yet
+      }
+    }
+    if (!port) {
+      if (child.exitCode !== null) throw new Error(`nats-server exited: ${stderr}`);
+      await sleep(25);
+    }
+  }
+  if (!port) throw new Error(`nats-server did not write its ports file: ${stderr}`);
+  await waitForNats({ host: "127.0.0.1", port });
+  return { url: `nats://127.0.0.1:${port}`, port, process: child, stop };
+}
+
+export interface ApiFixture {
+  url: string;
+  store: Store;
+  signer: AdminTokenSigner;
+  keysDir: string;
+  serviceTokenDir: string;
+  adminToken(opts?: { scopes?: readonly string[]; ttlSeconds?: number }): Promise<string>;
+  serviceToken(name: ServiceName): string;
+  privateKeyFile: string;
+  publicKeyFile: string;
+  dbPath: string;
+}
+
+/** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
+export async function startApi(
+  t: Ctx,
+  opts: { maxBodyBytes?: number; dir?: string } = {},
+): Promise<ApiFixture> {
+  const dir = opts.dir ?? tmpDir(t, "callplane-api-");
+  const privateKeyFile = join(dir, "keys", "admin.key.pem");
+  const publicKeyFile = join(dir, "keys", "admin.pub.pem");
+  ensureAdminKeyPair(privateKeyFile, publicKeyFile);
+  const serviceTokenDir = join(dir, "secrets");
+  ensureServiceTokens(serviceTokenDir);
+  const dbPath = join(dir, "callplane.db");
+  const store = openSqliteStore(dbPath);
+  const serviceTokens = {
+    invocation: readServiceToken(serviceTokenDir, "invocation"),
+    compute: readServiceToken(serviceTokenDir, "compute"),
+  };
+  const api = createApiService({
+    listen: { host: "127.0.0.1", port: 0 },
+    store,
+    adminPublicKeyPem: readFileSync(publicKeyFile, "utf8"),
+    serviceTokens,
+    ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
+  });
+  const url = (await api.listen()).origin;
+  t.after(async () => {
+    api.destroy();
+    await store.close();
+  });
+  const signer = await createAdminTokenSigner(readFileSync(privateKeyFile, "utf8"), 43_200);
+  return {
+    url,
+    store,
+    signer,
+    keysDir: join(dir, "keys"),
+    serviceTokenDir,
+    privateKeyFile,
+    publicKeyFile,
+    dbPath,
+    adminToken: async (o = {}) => (await signer.sign(o)).token,
+    serviceToken: (name) => serviceTokens[name],
+  };
+}
+
+export async function startIssuer(t: Ctx, privateKeyFile: string, ttlSeconds = 43_200): Promise<string> {
+  const issuer = createAdminIssuer({
+    listen: { host: "127.0.0.1", port: 0 },
+    privateKeyPem: readFileSync(privateKeyFile, "utf8"),
+    ttlSeconds,
+  });
+  const url = (await issuer.listen()).origin;
+  t.after(() => issuer.destroy());
+  return url;
+}
+
+export interface JsonResponse<T = unknown> {
+  status: number;
+  headers: Headers;
+  body: T;
+  text: string;
+}
+
+/** fetch() that returns status, headers and the parsed JSON body (or undefined). */
+export async function call<T = Record<string, unknown>>(
+  url: string,
+  init: {
+    method?: string;
+    token?: string;
+    body?: unknown;
+    rawBody?: string | Buffer;
+    headers?: Record<string, string>;
+  } = {},
+): Promise<JsonResponse<T>> {
+  const headers: Record<string, string> = { ...init.headers };
+  if (init.token) headers.authorization = `Bearer ${init.token}`;
+  let body: string | Buffer | undefined;
+  if (init.body !== undefined) {
+    body = JSON.stringify(init.body);
+    headers["content-type"] ??= "application/json";
+  } else if (init.rawBody !== undefined) {
+    body = init.rawBody;
+  }
+  const res = await fetch(url, {
+    method: init.method ?? (body !== undefined ? "POST" : "GET"),
+    headers,
+    body,
+  });
+  const text = await res.text();
+  let parsed: unknown;
+  try {
+    parsed = text ? JSON.parse(text) : undefined;
+  } catch {
+    parsed = undefined;
+  }
+  return { status: res.status, headers: res.headers, body: parsed as T, text };
+}
+
+/** Runs the built CLI as a child process and returns its exit code and output. */
+export function runCli(
+  args: string[],
+  opts: { env?: NodeJS.ProcessEnv; cwd?: string; input?: string } = {},
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [join(distRoot, "src", "cli", "main.js"), ...args], {
+      cwd: opts.cwd ?? repoRoot,
+      env: { ...process.env, ...opts.env },
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    child.once("error", reject);
+    child.once("close", (code) => resolve({ code, stdout, stderr }));
+    child.stdin.end(opts.input ?? "");
+  });
+}
+
+export const sampleFunction = (name: string, extra: Record<string, unknown> = {}) => ({
+  name,
+  inferenceUrl: "/echo",
+  inferencePort: 8000,
+  containerImage: "local/echo",
+  health: { protocol: "HTTP", uri: "/health", port: 8000, timeout: "PT10S", expectedStatusCode: 200 },
+  ...extra,
+});
+
+export const sampleDeployment = (min = 1, max = 2, concurrency = 4) => ({
+  deploymentSpecifications: [
+    {
+      gpu: "local",
+      instanceType: "local.cpu",
+      minInstances: min,
+      maxInstances: max,
+      maxRequestConcurrency: concurrency,
+    },
+  ],
+});
