@@ -153,10 +153,10 @@ export const configSchema = z.strictObject({
   }),
   worker: section({
     keepAliveSeconds: seconds(10, 600),
-    pollWindowSeconds: z.number().int().min(1).max(3600).default(60),
   }),
   compute: section({
     backend: z.enum(["local"]).default("local"),
+    listen: hostPort.default("127.0.0.1:8082"),
     instanceNetwork: cidr.default("127.0.3.0/24"),
     syncIntervalSeconds: seconds(2, 600),
     stopGraceSeconds: seconds(10, 600),

@@ -2,7 +2,8 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { ConfigError, loadConfig } from "../lib/config.js";
-import { parseHostPort, type HostPort } from "../lib/net.js";
+import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net.js";
+import { ensureDemo, invokeDemo, waitActive } from "./demo.js";
 import { LocalStack, StackError, type StackInfo } from "./stack.js";
 
 function say(line: string): void {
@@ -55,6 +56,14 @@ async function main(): Promise<void> {
   addresses.push(["api", parseHostPort(config.api.listen)]);
   if (config.adminIssuerProxy.enabled)
     addresses.push(["admin-issuer", parseHostPort(config.adminIssuerProxy.listen)]);
+  const podNetwork = parseCidr(config.invocation.podNetwork);
+  const replicaIps = Array.from({ length: config.invocation.replicaCount }, (_, i) =>
+    cidrHost(podNetwork, i + 1),
+  );
+  replicaIps.forEach((ip, i) =>
+    addresses.push([`invocation-${i + 1}`, { host: ip, port: config.invocation.port }]),
+  );
+  addresses.push(["compute", parseHostPort(config.compute.listen)]);
   await stack.preflight(addresses);
   say(`starting a local stack in ${stack.dataDir}`);
   stack.prepareSecrets();
@@ -68,20 +77,62 @@ async function main(): Promise<void> {
     issuer = (await stack.startService("admin-issuer", "admin-issuer")).issuer!;
     say(`admin-issuer  ${issuer}   (unauthenticated by design: loopback only, never expose it)`);
   }
+  const invocation: string[] = [];
+  for (const [i, ip] of replicaIps.entries()) {
+    const urls = await stack.startService(`invocation-${i + 1}`, "invocation", { POD_IP: ip });
+    invocation.push(urls.invocation);
+    say(`invocation-${i + 1}  ${urls.invocation}   (workers call back at ${urls.target})`);
+  }
+  const compute = (await stack.startService("compute", "compute")).compute;
+  say(`compute       ${compute}   (local backend: instances on ${config.compute.instanceNetwork})`);
+
+  const demo = await ensureDemo({
+    apiUrl: api,
+    dataDir: stack.dataDir,
+    signingKeyFile: config.auth.adminSigningKeyFile,
+    say,
+  });
+  await waitActive(api, config.auth.adminSigningKeyFile, demo, 120_000);
+  const payload = { hello: "callplane", at: new Date().toISOString() };
+  const answer = await invokeDemo(invocation[0], demo, payload);
+  if (answer.status !== 200)
+    throw new StackError(`the demo invocation failed with ${answer.status}: ${answer.body}`);
+  say(
+    `demo: invoked ${demo.httpFunctionName} through ${invocation[0]} -> ${answer.status} ${answer.body}  (NVCF-REQID ${answer.requestId})`,
+  );
+
   const info: StackInfo = {
     api,
     ...(issuer ? { issuer } : {}),
     nats,
-    invocation: [],
+    compute,
+    invocation,
     grpc: [],
     dataDir: stack.dataDir,
     logs: stack.logDir,
     startedAt: new Date().toISOString(),
     pid: process.pid,
+    demo: {
+      apiKey: demo.apiKey,
+      httpFunctionId: demo.httpFunctionId,
+      httpFunctionVersionId: demo.httpFunctionVersionId,
+      httpFunctionName: demo.httpFunctionName,
+    },
   };
   stack.writeStackFile(info);
   say(`ready: ${stack.stackFile} lists every address; logs are in ${stack.logDir}`);
-  say("try: bin/callplane init && bin/callplane function list");
+  console.log("");
+  console.log("  invoke the demo with curl:");
+  console.log(
+    `    curl -s -X POST -H "authorization: Bearer $(jq -r .demo.apiKey .callplane/stack.json)" \\`,
+  );
+  console.log(
+    `      -H 'content-type: application/json' -d '{"hello":"world"}' ${invocation[0]}/v2/nvcf/pexec/functions/${demo.httpFunctionId}`,
+  );
+  console.log("  or with the CLI (it reads .callplane/stack.json):");
+  console.log(`    bin/callplane invoke ${demo.httpFunctionName} --data '{"hello":"world"}'`);
+  console.log("  manage functions:  bin/callplane init && bin/callplane function list");
+  console.log("  stop the stack:    Ctrl-C");
 }
 
 main().catch((err: unknown) => {

@@ -28,6 +28,15 @@ export const healthSchema = z.strictObject({
   expectedStatusCode: z.number().int().min(100).max(599).default(200),
 });
 
+const containerEnvironment = z
+  .array(
+    z.strictObject({
+      key: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "must be an environment variable name"),
+      value: z.string().max(32_768),
+    }),
+  )
+  .max(256);
+
 const functionFields = {
   inferenceUrl: z
     .string()
@@ -38,15 +47,7 @@ const functionFields = {
   healthUri: z.string().startsWith("/", "must be a path beginning with /").optional(),
   containerImage: z.string().min(1).max(512),
   containerArgs: z.string().max(8192).optional(),
-  containerEnvironment: z
-    .array(
-      z.strictObject({
-        key: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "must be an environment variable name"),
-        value: z.string().max(32_768),
-      }),
-    )
-    .max(256)
-    .default([]),
+  containerEnvironment: containerEnvironment.default([]),
   tags: z.array(z.string().min(1).max(128)).max(64).default([]),
   description: z.string().max(1024).optional(),
   functionType: z.enum(["DEFAULT", "STREAMING", "LLM"]).default("DEFAULT"),
@@ -72,7 +73,8 @@ export const updateFunctionSchema = z.strictObject({
   health: healthSchema.optional(),
   containerImage: functionFields.containerImage.optional(),
   containerArgs: functionFields.containerArgs,
-  containerEnvironment: functionFields.containerEnvironment.optional(),
+  // not functionFields.containerEnvironment: its default would replace the stored list on every PUT
+  containerEnvironment: containerEnvironment.optional(),
   tags: z.array(z.string().min(1).max(128)).max(64).optional(),
   description: functionFields.description,
 });

@@ -239,7 +239,12 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
       if (!svc) throw new CallplaneError("TOKEN_INVALID", "the service token is not known to this API");
       return { kind: "service", subject: svc.name, scopes: new Set(SERVICE_SCOPES[svc.name]) };
     }
-    if (looksLikeJwt(token)) return (await verifierPromise).verify(token);
+    if (looksLikeJwt(token)) {
+      const p = await (await verifierPromise).verify(token);
+      // Internal scopes belong to callplane's own services only; a signed admin token that claims
+      // one is still not a service.
+      return { ...p, scopes: new Set([...p.scopes].filter((s) => !s.startsWith("internal:"))) };
+    }
     return apiKeyPrincipal(token);
   }
 
@@ -425,6 +430,9 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
       ...Object.fromEntries(Object.entries(rest).filter(([, x]) => x !== undefined)),
     };
     if (health) spec.health = { ...health, port: health.port ?? spec.inferencePort };
+    // a health check that followed the inference port keeps following it
+    else if (rest.inferencePort !== undefined && v.spec.health.port === v.spec.inferencePort)
+      spec.health = { ...spec.health, port: rest.inferencePort };
     await store.updateVersion(v.functionId, v.versionId, spec);
     sendJson(res, 200, { function: await oneDto({ ...v, spec }) });
   });

@@ -269,6 +269,8 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
         const r = db
           .prepare("DELETE FROM deployments WHERE function_id = ? AND version_id = ?")
           .run(functionId, versionId);
+        // instances of an undeployed version would otherwise count towards its next deployment
+        if (r.changes === 1) db.prepare("DELETE FROM instances WHERE version_id = ?").run(versionId);
         return r.changes === 1;
       })();
     },

@@ -1,0 +1,176 @@
+// The compute agent: reads the desired deployments from the control plane, keeps that many
+// instances of each running (here, with the local backend), and reports their status back so that
+// `callplane deploy get` shows them. It calls the API with its own service credential.
+import { request } from "undici";
+import { Router, createHttpService } from "../../lib/http.js";
+import { silentLogger, type Logger } from "../../lib/log.js";
+import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
+import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
+import { LocalInstance, type DesiredDeployment, type InstanceEnvironment } from "./local.js";
+
+export interface ComputeAgentOptions {
+  listen: HostPort;
+  apiUrl: string;
+  serviceToken: string;
+  instanceNetwork: string;
+  syncIntervalMs: number;
+  reporter: string;
+  instanceEnv: InstanceEnvironment;
+  logger?: Logger;
+  registry?: Registry;
+}
+
+export function createComputeAgent(opts: ComputeAgentOptions) {
+  const logger = opts.logger ?? silentLogger();
+  const registry = opts.registry ?? createRegistry("compute");
+  const network = parseCidr(opts.instanceNetwork);
+  const instances = new Map<string, LocalInstance[]>();
+  const terminated: LocalInstance[] = [];
+  const gauge = new Gauge({
+    name: "callplane_compute_instances",
+    help: "Function instances by status",
+    labelNames: ["status"],
+    registers: [registry],
+  });
+  let timer: NodeJS.Timeout | undefined;
+  let syncing: Promise<void> | undefined;
+  let stopped = false;
+  let dirty = false;
+  let lastSyncOk = false;
+
+  const api = async (method: "GET" | "PUT", path: string, body?: unknown) => {
+    const res = await request(new URL(path, opts.apiUrl), {
+      method,
+      headers: {
+        authorization: `Bearer ${opts.serviceToken}`,
+        ...(body ? { "content-type": "application/json" } : {}),
+      },
+      ...(body ? { body: JSON.stringify(body) } : {}),
+      headersTimeout: 10_000,
+      bodyTimeout: 10_000,
+    });
+    const text = await res.body.text();
+    if (res.statusCode >= 300)
+      throw new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`);
+    return text ? (JSON.parse(text) as unknown) : undefined;
+  };
+
+  function freeSlot(): number {
+    const used = new Set([...instances.values()].flat().map((i) => i.slot));
+    for (let n = 1; n < 2 ** (32 - network.bits) - 1; n++) if (!used.has(n)) return n;
+    throw new Error(`no free address left in ${network.text} for another instance`);
+  }
+
+  const changed = () => {
+    dirty = true;
+    if (!syncing) void report().catch(() => undefined);
+  };
+
+  async function report(): Promise<void> {
+    dirty = false;
+    const all = [...[...instances.values()].flat(), ...terminated.splice(0)];
+    for (const s of ["STARTING", "ACTIVE", "ERRORED"] as const)
+      gauge.set({ status: s }, all.filter((i) => i.status === s).length);
+    await api("PUT", "/v1/internal/instances", {
+      reporter: opts.reporter,
+      instances: all.map((i) => ({
+        instanceId: i.instanceId,
+        deploymentId: i.deployment.deploymentId,
+        functionId: i.deployment.functionId,
+        versionId: i.deployment.versionId,
+        status: i.status,
+        instanceType: i.deployment.specs[0].instanceType,
+        gpu: i.deployment.specs[0].gpu,
+        backend: "local",
+        location: i.host,
+        ...(i.message ? { message: i.message.slice(0, 2000) } : {}),
+        createdAt: i.createdAt,
+        updatedAt: i.updatedAt,
+      })),
+    });
+  }
+
+  async function sync(): Promise<void> {
+    const { deployments } = (await api("GET", "/v1/internal/deployments")) as {
+      deployments: DesiredDeployment[];
+    };
+    lastSyncOk = true;
+    const wanted = new Map(deployments.map((d) => [d.deploymentId, d]));
+    const stops: Array<Promise<void>> = [];
+    for (const [id, list] of instances) {
+      if (wanted.has(id)) continue;
+      instances.delete(id);
+      logger.info({ deploymentId: id, instances: list.length }, "deployment removed: stopping its instances");
+      for (const i of list) stops.push(i.stop().then(() => void terminated.push(i)));
+    }
+    for (const d of deployments) {
+      const spec = d.specs[0];
+      if (!spec) continue;
+      // The local backend does not scale to zero: it runs minInstances, and at least one.
+      const target = Math.min(spec.maxInstances, Math.max(spec.minInstances, 1));
+      const list = instances.get(d.deploymentId) ?? [];
+      instances.set(d.deploymentId, list);
+      while (list.length < target) {
+        const slot = freeSlot();
+        const inst = new LocalInstance(d, slot, cidrHost(network, slot), opts.instanceEnv, logger, changed);
+        list.push(inst);
+        logger.info({ function: d.name, instanceId: inst.instanceId, host: inst.host }, "starting instance");
+        inst.start();
+      }
+      while (list.length > target) {
+        const inst = list.pop()!;
+        stops.push(inst.stop().then(() => void terminated.push(inst)));
+      }
+    }
+    await Promise.all(stops);
+    await report();
+  }
+
+  const tick = () => {
+    if (stopped) return;
+    syncing = sync()
+      .catch((err: unknown) => {
+        lastSyncOk = false;
+        logger.warn({ err: (err as Error).message }, "sync with the control plane failed; retrying");
+      })
+      .finally(() => {
+        syncing = undefined;
+        if (dirty) void report().catch(() => undefined);
+        if (!stopped) timer = setTimeout(tick, opts.syncIntervalMs);
+      });
+  };
+
+  const http = createHttpService({
+    name: "compute",
+    listen: opts.listen,
+    logger,
+    registry,
+    router: new Router(),
+    ready: () => lastSyncOk,
+  });
+  return {
+    async listen() {
+      const url = await http.listen();
+      tick();
+      return url;
+    },
+    instances: () => [...instances.values()].flat(),
+    async close(graceMs = 10_000) {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+      await syncing;
+      const all = [...instances.values()].flat();
+      instances.clear();
+      await Promise.all(all.map((i) => i.stop()));
+      terminated.push(...all);
+      await report().catch(() => undefined);
+      await http.close(graceMs);
+    },
+    destroy() {
+      stopped = true;
+      if (timer) clearTimeout(timer);
+      for (const i of [...instances.values()].flat()) i.killNow();
+      http.destroy();
+    },
+  };
+}

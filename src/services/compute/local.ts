@@ -1,0 +1,217 @@
+// The local backend: a function instance is two processes on this machine, the inference server
+// and a worker agent beside it, on the instance's own loopback address (like a pod's IP), so that
+// instances never collide on ports. Both are supervised (restarted with backoff when they die) and
+// never detached: stopping the agent stops them.
+import { randomUUID } from "node:crypto";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import type { Logger } from "../../lib/log.js";
+import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
+import type { InstanceStatus } from "../api/store/types.js";
+
+const distRoot = join(fileURLToPath(import.meta.url), "..", "..", "..", "..");
+export const EXAMPLE_IMAGES = [
+  "local/echo",
+  "local/sse",
+  "local/slow",
+  "local/large",
+  "local/example",
+] as const;
+
+export interface DesiredDeployment {
+  deploymentId: string;
+  functionId: string;
+  versionId: string;
+  name: string;
+  ncaId: string;
+  specs: Array<{
+    gpu: string;
+    instanceType: string;
+    backend?: string;
+    minInstances: number;
+    maxInstances: number;
+    maxRequestConcurrency: number;
+  }>;
+  spec: {
+    inferenceUrl: string;
+    inferencePort: number;
+    containerImage: string;
+    containerArgs?: string;
+    containerEnvironment: Array<{ key: string; value: string }>;
+    health: { protocol: string; uri: string; port: number; timeout: string; expectedStatusCode: number };
+  };
+}
+
+export interface InstanceEnvironment {
+  natsUrl: string;
+  region: string;
+  serviceDomain: string;
+  dataDir: string;
+  keepAliveSeconds: number;
+  ackWaitSeconds: number;
+  streamMaxMessages: number;
+  stopGraceMs: number;
+  restart: { initialMs: number; maxMs: number };
+  logLevel: string;
+  /** Extra environment for workers (callback proxy CA, static name map). */
+  workerExtraEnv: Record<string, string>;
+}
+
+/** The command that runs a function's inference server on the local backend, or why there is none. */
+export function inferenceCommand(
+  d: DesiredDeployment,
+  host: string,
+): { command: string; args: string[]; env: Record<string, string> } | { error: string } {
+  const image = d.spec.containerImage;
+  const env: Record<string, string> = { INFERENCE_HOST: host, INFERENCE_PORT: String(d.spec.inferencePort) };
+  for (const { key, value } of d.spec.containerEnvironment) env[key] = value;
+  if ((EXAMPLE_IMAGES as readonly string[]).includes(image)) {
+    return {
+      command: process.execPath,
+      args: [
+        join(distRoot, "examples", "inference-server.js"),
+        "--listen",
+        `${host}:${d.spec.inferencePort}`,
+      ],
+      env,
+    };
+  }
+  if (image === "local/command") {
+    if (!d.spec.containerArgs?.trim())
+      return { error: "containerImage local/command needs the command to run in containerArgs" };
+    // exec, so that signals reach the server itself and not a shell around it
+    return { command: "/bin/sh", args: ["-c", `exec ${d.spec.containerArgs}`], env };
+  }
+  return {
+    error: `containerImage "${image}" cannot run on the local compute backend; use ${EXAMPLE_IMAGES.join(", ")}, or local/command with the command in containerArgs`,
+  };
+}
+
+export class LocalInstance {
+  readonly instanceId = randomUUID();
+  status: InstanceStatus = "STARTING";
+  message: string | undefined;
+  readonly createdAt = new Date().toISOString();
+  updatedAt = this.createdAt;
+  private inference: SupervisedChild | undefined;
+  private worker: SupervisedChild | undefined;
+
+  constructor(
+    readonly deployment: DesiredDeployment,
+    readonly slot: number,
+    readonly host: string,
+    private readonly env: InstanceEnvironment,
+    private readonly logger: Logger,
+    private readonly onChange: () => void,
+  ) {}
+
+  private set(status: InstanceStatus, message?: string): void {
+    if (this.status === "TERMINATED") return;
+    if (this.status === status && this.message === message) return;
+    this.status = status;
+    this.message = message;
+    this.updatedAt = new Date().toISOString();
+    this.logger.info(
+      { instanceId: this.instanceId, function: this.deployment.name, host: this.host, status, message },
+      `instance ${status}`,
+    );
+    this.onChange();
+  }
+
+  start(): void {
+    const d = this.deployment;
+    const cmd = inferenceCommand(d, this.host);
+    if ("error" in cmd) {
+      this.set("ERRORED", cmd.error);
+      return;
+    }
+    const base = join(this.env.dataDir, "instances", `${d.name}-${this.slot}`);
+    const logs = join(this.env.dataDir, "logs", "instances");
+    const restart = { enabled: true, ...this.env.restart };
+    this.inference = new SupervisedChild({
+      name: `${d.name}-${this.slot}-inference`,
+      command: cmd.command,
+      args: cmd.args,
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/", ...cmd.env },
+      cwd: process.cwd(),
+      logFile: join(logs, `${d.name}-${this.slot}-inference.log`),
+      ipc: false,
+      restart,
+    } satisfies ChildSpec);
+    const spec = d.specs[0];
+    this.worker = new SupervisedChild({
+      name: `${d.name}-${this.slot}-worker`,
+      command: process.execPath,
+      args: [join(distRoot, "src", "services", "worker", "main.js")],
+      env: {
+        PATH: process.env.PATH ?? "/usr/bin:/bin",
+        NVCF_FQDN_NATS: this.env.natsUrl,
+        FUNCTION_ID: d.functionId,
+        FUNCTION_VERSION_ID: d.versionId,
+        FUNCTION_NAME: d.name,
+        NCA_ID: d.ncaId,
+        INSTANCE_ID: this.instanceId,
+        INSTANCE_TYPE: spec.instanceType,
+        GPU_NAME: spec.gpu,
+        INFERENCE_HOST: this.host,
+        INFERENCE_PORT: String(d.spec.inferencePort),
+        INFERENCE_URL: d.spec.inferenceUrl,
+        INFERENCE_HEALTH_ENDPOINT: d.spec.health.uri,
+        INFERENCE_HEALTH_PORT: String(d.spec.health.port),
+        INFERENCE_HEALTH_PROTOCOL: d.spec.health.protocol,
+        INFERENCE_HEALTH_TIMEOUT: d.spec.health.timeout,
+        INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE: String(d.spec.health.expectedStatusCode),
+        MAX_REQUEST_CONCURRENCY: String(spec.maxRequestConcurrency),
+        HEALTH_HOST: this.host,
+        HEALTH_PORT: "8080",
+        BASE_RESPONSE_DIR: join(base, "responses"),
+        NVCF_REGION: this.env.region,
+        NVCF_SERVICE_DOMAIN: this.env.serviceDomain,
+        CALLPLANE_KEEPALIVE_SECONDS: String(this.env.keepAliveSeconds),
+        CALLPLANE_ACK_WAIT_SECONDS: String(this.env.ackWaitSeconds),
+        CALLPLANE_STREAM_MAX_MESSAGES: String(this.env.streamMaxMessages),
+        CALLPLANE_LOG_LEVEL: this.env.logLevel,
+        ...this.env.workerExtraEnv,
+      },
+      cwd: process.cwd(),
+      logFile: join(logs, `${d.name}-${this.slot}-worker.log`),
+      ipc: true,
+      // the worker reports ready only once the inference server is healthy, which may take long
+      readyTimeoutMs: 35 * 60_000,
+      restart,
+    });
+    this.inference.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
+      if (!info.expected)
+        this.set(
+          "ERRORED",
+          `the inference server exited (${info.signal ?? `code ${info.code}`}); restarting it. See ${this.inference!.spec.logFile}`,
+        );
+    });
+    this.worker.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
+      if (!info.expected)
+        this.set(
+          "ERRORED",
+          `the worker agent exited (${info.signal ?? `code ${info.code}`}); restarting it. See ${this.worker!.spec.logFile}`,
+        );
+    });
+    this.worker.on("message", (m: { type: string; message?: string }) => {
+      if (m.type === "failed") this.set("ERRORED", m.message);
+    });
+    this.worker.on("ready", () => this.set("ACTIVE"));
+    this.inference.on("ready", () => undefined);
+    this.inference.start().catch((err: unknown) => this.set("ERRORED", (err as Error).message));
+    this.worker.start().catch(() => undefined);
+  }
+
+  /** Drains the worker (it finishes in-flight requests), then stops the inference server. */
+  async stop(): Promise<void> {
+    await this.worker?.stop(this.env.stopGraceMs);
+    await this.inference?.stop(this.env.stopGraceMs);
+    this.set("TERMINATED");
+  }
+
+  killNow(): void {
+    this.worker?.killNow();
+    this.inference?.killNow();
+  }
+}
