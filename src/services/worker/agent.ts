@@ -3,6 +3,7 @@
 // message alive with in-progress acks while it works, answers cancels, and acks when done.
 import { jetstream, type Consumer, type JsMsg } from "@nats-io/jetstream";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Pool, request } from "undici";
 import { Router, createHttpService, sendJson } from "../../lib/http.js";
@@ -18,6 +19,7 @@ import {
 import { WorkQueues, connectNats, subjects } from "../../lib/queue.js";
 import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
+import { OutputSlot } from "./output-slot.js";
 import { WorkItem, type WorkOutcome } from "./work.js";
 
 export interface WorkerAgent {
@@ -64,6 +66,7 @@ export function createWorkerAgent(
     caPem: cfg.proxyCaPem || undefined,
   });
   const inflight = new Map<string, WorkItem>();
+  const freeSlots: OutputSlot[] = [];
   let nc: NatsConnection | undefined;
   let cancelSub: Subscription | undefined;
   let ready = false;
@@ -127,8 +130,9 @@ export function createWorkerAgent(
     const keepAlive = setInterval(() => m.working(), cfg.keepAliveMs);
     let outcome: WorkOutcome = "failed";
     let item: WorkItem | undefined;
+    const slot = freeSlots.pop();
     try {
-      item = new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, WorkItem.decode(m.data));
+      item = new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, WorkItem.decode(m.data), slot);
       inflight.set(item.requestId, item);
       outcome = await item.run();
     } catch (err) {
@@ -140,6 +144,12 @@ export function createWorkerAgent(
       m.ack();
       items.inc({ outcome });
       duration.observe((performance.now() - started) / 1000);
+      if (slot) {
+        await slot.reset().then(
+          () => freeSlots.push(slot),
+          (err: unknown) => logger.warn({ dir: slot.dir, err }, "cannot empty an output folder; dropping it"),
+        );
+      }
     }
   }
 
@@ -186,6 +196,8 @@ export function createWorkerAgent(
     registry,
     async start() {
       const health = await http.listen();
+      for (let k = 0; k < cfg.concurrency; k++)
+        freeSlots.push(await OutputSlot.create(join(cfg.responseDir, `slot-${k}`)));
       await waitForInference();
       nc = await connectNats(
         cfg.natsUrl,
@@ -237,6 +249,7 @@ export function createWorkerAgent(
       while (active > 0 && Date.now() < deadline) await sleep(100);
       for (const item of inflight.values()) item.abort.abort();
       cancelSub?.unsubscribe();
+      for (const s of freeSlots) s.close();
       await nc?.drain().catch(() => undefined);
       await http.close(1000);
       await Promise.all([inference.close(), callbacks.close()]);

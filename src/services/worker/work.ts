@@ -8,7 +8,7 @@
 import { fromBinary, type MessageShape } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { mkdir, readFile, rm, stat } from "node:fs/promises";
+import { readFile, stat } from "node:fs/promises";
 import { STATUS_CODES } from "node:http";
 import { join } from "node:path";
 import { Readable } from "node:stream";
@@ -20,6 +20,7 @@ import type { Logger } from "../../lib/log.js";
 import { subjects } from "../../lib/queue.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
+import type { OutputSlot } from "./output-slot.js";
 
 type WorkRequest = MessageShape<typeof WorkerInvokeFunctionRequestSchema>;
 
@@ -47,6 +48,7 @@ const WORKER_OWNED = new Set(
 );
 
 const ERROR_BODY_LIMIT = 64 * 1024;
+const SMALL_BODY = 64 * 1024;
 const PROGRESS_CHECK_MS = 250;
 
 export interface WorkDeps {
@@ -94,16 +96,20 @@ export class WorkItem {
   private readonly pollSeconds: number;
   private readonly compat: boolean;
   private wake: (() => void) | undefined;
+  /** Set by notify(); cleared at the top of each pass, so a wakeup between a check and the sleep is not lost. */
+  private signaled = false;
   private pollSub: Subscription | undefined;
   private progress: Progress | undefined;
   private progressUnreported = false;
   private progressMtime = 0;
-  private outputDir: string | undefined;
+  private nextProgressCheck = 0;
   private inferenceResult: { ok: Dispatcher.ResponseData } | { err: unknown } | undefined;
 
   constructor(
     private readonly deps: WorkDeps,
     private readonly req: WorkRequest,
+    /** An empty folder for NVCF-LARGE-OUTPUT-DIR (the agent reuses one per concurrency slot). */
+    private readonly slot: OutputSlot | undefined,
   ) {
     this.requestId = req.requestId;
     const headers = new Map(req.requestHeaders.map((h) => [h.key.toLowerCase(), h.value]));
@@ -119,6 +125,7 @@ export class WorkItem {
   }
 
   private notify = (): void => {
+    this.signaled = true;
     const w = this.wake;
     this.wake = undefined;
     w?.();
@@ -142,11 +149,15 @@ export class WorkItem {
     };
     const abortListener = () => this.notify();
     this.abort.signal.addEventListener("abort", abortListener);
+    // With a watched folder, a write wakes us; otherwise look for a progress file now and then.
+    this.nextProgressCheck = this.slot?.watched ? Infinity : Date.now() + PROGRESS_CHECK_MS;
+    if (this.slot && this.compat) {
+      this.slot.onChange = () => {
+        this.nextProgressCheck = 0;
+        this.notify();
+      };
+    }
     try {
-      if (this.compat) {
-        this.outputDir = join(this.deps.cfg.responseDir, this.requestId);
-        await mkdir(this.outputDir, { recursive: true });
-      }
       const call = this.callInference(http1.targetURI, http1.requestAuthorizationToken, http1.proxyURI);
       call.then(
         (ok) => {
@@ -159,6 +170,7 @@ export class WorkItem {
         },
       );
       for (;;) {
+        this.signaled = false;
         if (this.abort.signal.aborted) {
           this.discardInference();
           return "cancelled";
@@ -166,7 +178,10 @@ export class WorkItem {
         const now = Date.now();
         if (this.inferenceResult && this.target) return await this.sendFinal(this.target);
         if (this.compat && this.target && !this.inferenceResult) {
-          await this.checkProgress();
+          if (now >= this.nextProgressCheck) {
+            this.nextProgressCheck = this.slot?.watched ? Infinity : now + PROGRESS_CHECK_MS;
+            await this.checkProgress();
+          }
           if (this.progressUnreported || now >= this.deadline) {
             await this.sendInProgress(this.target);
             continue;
@@ -187,6 +202,7 @@ export class WorkItem {
             : 60_000
           : this.giveUpAt - now;
         waitMs = Math.max(1, Math.min(waitMs, 60_000));
+        if (this.signaled) continue;
         await new Promise<void>((resolve) => {
           const t = setTimeout(resolve, waitMs);
           this.wake = () => {
@@ -198,7 +214,6 @@ export class WorkItem {
     } finally {
       this.abort.signal.removeEventListener("abort", abortListener);
       this.pollSub?.unsubscribe();
-      if (this.outputDir) await rm(this.outputDir, { recursive: true, force: true }).catch(() => undefined);
     }
   }
 
@@ -231,7 +246,7 @@ export class WorkItem {
     out["nvcf-backend"] = "callplane-local";
     out["nvcf-max-response-size-bytes"] = String(req.maxDirectResponseSizeBytes);
     out["nvcf-poll-seconds"] = String(remaining);
-    if (this.outputDir) out["nvcf-large-output-dir"] = this.outputDir;
+    if (this.slot && this.compat) out["nvcf-large-output-dir"] = this.slot.dir;
     if (this.compat && out["content-type"] === undefined) out["content-type"] = "application/json";
     return out;
   }
@@ -269,7 +284,7 @@ export class WorkItem {
               `the replica refused to hand over the request body (${r.statusCode} ${text.slice(0, 200)})`,
             );
           }
-          yield* r.body;
+          yield* r.body as AsyncIterable<Buffer>;
         })(),
         { objectMode: false },
       );
@@ -291,8 +306,8 @@ export class WorkItem {
   }
 
   private async checkProgress(): Promise<void> {
-    if (!this.outputDir) return;
-    const file = join(this.outputDir, "progress");
+    if (!this.slot || !this.compat) return;
+    const file = join(this.slot.dir, "progress");
     let mtime: number;
     try {
       mtime = (await stat(file)).mtimeMs;
@@ -414,14 +429,23 @@ export class WorkItem {
     const contentLength = typeof cl === "string" && /^\d+$/.test(cl) ? Number(cl) : undefined;
     const head = serializeResponseHead(r.statusCode, headers);
     const inner = r.body;
+    if (contentLength !== undefined && contentLength <= SMALL_BODY) {
+      // A small answer of known size goes out in one write: head and body together. Reading at most
+      // SMALL_BODY bytes keeps memory bounded; larger or open-ended answers stream below.
+      const bytes = Buffer.from(await inner.arrayBuffer());
+      await this.post(target, Buffer.concat([head, bytes]), head.length + bytes.length);
+      return "answered";
+    }
     const body = Readable.from(
       (async function* () {
         yield head;
-        yield* inner;
+        yield* inner as AsyncIterable<Buffer>;
       })(),
       { objectMode: false },
     );
-    await this.post(target, body, contentLength === undefined ? undefined : head.length + contentLength);
+    await this.post(target, body, contentLength === undefined ? undefined : head.length + contentLength, () =>
+      inner.destroy(),
+    );
     return "answered";
   }
 
@@ -443,6 +467,7 @@ export class WorkItem {
     target: CallbackTarget,
     body: Readable | Buffer,
     length: number | undefined,
+    onFail?: () => void,
   ): Promise<void> {
     try {
       const res = await this.deps.callbacks.postResponse(target, body, length, this.abort.signal);
@@ -460,6 +485,7 @@ export class WorkItem {
       }
     } catch (err) {
       if (body instanceof Readable) body.destroy();
+      onFail?.();
       this.deps.logger.warn(
         { requestId: this.requestId, err: (err as Error).message, target: target.targetUri },
         "posting the response to the replica failed",

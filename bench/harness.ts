@@ -1,0 +1,190 @@
+// Shared pieces of the benchmarks: free ports, child processes that are always stopped, CPU time
+// read from /proc, and the load generator (autocannon, in this process, while the services under
+// test run as separate processes).
+import autocannon from "autocannon";
+import { Client } from "undici";
+import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { cpus, totalmem } from "node:os";
+
+export const procs: ChildProcess[] = [];
+
+export function cleanup(): void {
+  for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
+}
+
+/** Stops every child politely (so that profilers can write their files), then kills what is left. */
+export async function stopAll(graceMs = 3000): Promise<void> {
+  const alive = procs.filter((p) => p.exitCode === null && p.signalCode === null);
+  await Promise.all(
+    alive.map(
+      (p) =>
+        new Promise<void>((resolve) => {
+          const t = setTimeout(() => {
+            p.kill("SIGKILL");
+            resolve();
+          }, graceMs);
+          p.once("exit", () => {
+            clearTimeout(t);
+            resolve();
+          });
+          p.kill("SIGTERM");
+        }),
+    ),
+  );
+}
+process.on("exit", cleanup);
+process.on("SIGINT", () => process.exit(130));
+
+export function freePort(host = "127.0.0.1"): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, host, () => {
+      const a = s.address();
+      s.close(() => resolve(typeof a === "object" && a ? a.port : 0));
+    });
+  });
+}
+
+/** Starts a child; for callplane services waits for their `ready` message on the control channel. */
+export function start(
+  name: string,
+  command: string,
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  opts: { ipc?: boolean } = {},
+): Promise<ChildProcess> {
+  return new Promise((resolve, reject) => {
+    // CALLPLANE_BENCH_NODE_ARGS="--cpu-prof --cpu-prof-dir=/tmp/prof" profiles the services under test
+    const extra =
+      command === process.execPath && process.env.CALLPLANE_BENCH_NODE_ARGS
+        ? process.env.CALLPLANE_BENCH_NODE_ARGS.split(" ")
+        : [];
+    const child = spawn(command, [...extra, ...args], {
+      env: { ...process.env, ...env },
+      stdio: opts.ipc ? ["ignore", "ignore", "inherit", "ipc"] : ["ignore", "ignore", "inherit"],
+    });
+    procs.push(child);
+    child.once("error", reject);
+    child.once("exit", (code) => reject(new Error(`${name} exited with ${code}`)));
+    if (!opts.ipc) {
+      child.once("spawn", () => resolve(child));
+      return;
+    }
+    child.on("message", (m: { type?: string; message?: string }) => {
+      if (m.type === "ready") resolve(child);
+      if (m.type === "failed") reject(new Error(`${name}: ${m.message}`));
+    });
+  });
+}
+
+export async function waitHttp(url: string, timeoutMs = 15_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const r = await fetch(url);
+      if (r.ok) return;
+    } catch {
+      // not up yet
+    }
+    if (Date.now() > deadline) throw new Error(`${url} did not come up`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** utime + stime of a process, in milliseconds. */
+export function cpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const ticks = Number(fields[11]) + Number(fields[12]);
+  return (ticks * 1000) / 100;
+}
+
+export interface LoadResult {
+  requests: number;
+  rps: number;
+  p50: number;
+  p99: number;
+  errors: number;
+  non2xx: number;
+  durationS: number;
+}
+
+export async function load(opts: {
+  url: string;
+  connections: number;
+  seconds: number;
+  body: Buffer;
+  headers: Record<string, string>;
+  method?: "POST" | "GET";
+}): Promise<LoadResult> {
+  const r = await autocannon({
+    url: opts.url,
+    method: opts.method ?? "POST",
+    connections: opts.connections,
+    duration: opts.seconds,
+    body: opts.body,
+    headers: opts.headers,
+    pipelining: 1,
+  });
+  return {
+    requests: r.requests.total,
+    rps: r.requests.average,
+    p50: r.latency.p50,
+    p99: r.latency.p99,
+    errors: r.errors + r.timeouts,
+    non2xx: r.non2xx,
+    durationS: r.duration,
+  };
+}
+
+/**
+ * Latency with one client at a time: sequential requests on one keep-alive connection, timed with
+ * the high-resolution clock (autocannon rounds percentiles to whole milliseconds).
+ */
+export async function sequential(opts: {
+  url: string;
+  seconds: number;
+  body: Buffer;
+  headers: Record<string, string>;
+}): Promise<{ requests: number; p50: number; p90: number; p99: number; mean: number; errors: number }> {
+  const u = new URL(opts.url);
+  const client = new Client(u.origin, { keepAliveTimeout: 30_000 });
+  const times: number[] = [];
+  let errors = 0;
+  const end = performance.now() + opts.seconds * 1000;
+  try {
+    while (performance.now() < end) {
+      const t0 = performance.now();
+      const r = await client.request({
+        method: "POST",
+        path: u.pathname + u.search,
+        headers: opts.headers,
+        body: opts.body,
+      });
+      await r.body.arrayBuffer();
+      if (r.statusCode !== 200) errors++;
+      times.push(performance.now() - t0);
+    }
+  } finally {
+    await client.close();
+  }
+  times.sort((a, b) => a - b);
+  const q = (p: number) =>
+    Math.round(times[Math.min(times.length - 1, Math.floor(times.length * p))] * 1000) / 1000;
+  return {
+    requests: times.length,
+    p50: q(0.5),
+    p90: q(0.9),
+    p99: q(0.99),
+    mean: Math.round((times.reduce((s, x) => s + x, 0) / times.length) * 1000) / 1000,
+    errors,
+  };
+}
+
+export function machine(): string {
+  const c = cpus();
+  return `${c.length} x ${c[0]?.model ?? "cpu"}, ${Math.round(totalmem() / 2 ** 30)} GiB, Node ${process.version}, ${process.platform}`;
+}

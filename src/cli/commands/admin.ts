@@ -1,0 +1,81 @@
+// `callplane admin token`: mint an admin token offline from the admin signing key, for installs
+// where the issuer is turned off or not reachable from here.
+import { readFileSync } from "node:fs";
+import type { Command } from "commander";
+import { createAdminTokenSigner } from "../../lib/auth.js";
+import { CliError } from "../errors.js";
+import { note, printJson, relative } from "../output.js";
+import { integer } from "../parse.js";
+import { settingsFor, tildify } from "../settings.js";
+import { reportSaved } from "./init.js";
+
+interface TokenOptions {
+  signingKey?: string;
+  ttl: number;
+  save?: boolean;
+}
+
+export function registerAdmin(program: Command): void {
+  const admin = program
+    .command("admin")
+    .description("administrator tasks that work offline, from the stack's own keys");
+  admin
+    .command("token")
+    .description("mint an admin token from the admin signing key (no issuer needed) and print or save it")
+    .option(
+      "--signing-key <file>",
+      "the admin signing key (PKCS#8 PEM); default: <dataDir>/keys/admin-signing.key.pem of the stack in this folder",
+    )
+    .option("--ttl <seconds>", "how long the token lasts, in seconds", integer(60, 7 * 86_400), 43_200)
+    .option("--save", "save the token in the state file (as `callplane init` does) instead of printing it")
+    .addHelpText(
+      "after",
+      `
+Without --save the token alone is printed on stdout, so it can be captured:
+  export CALLPLANE_TOKEN=$(callplane admin token)
+The data folder is ./.callplane, or CALLPLANE__GLOBAL__DATA_DIR when set.`,
+    )
+    .action(async (opts: TokenOptions, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const file = opts.signingKey ?? s.defaultSigningKey();
+      let pem: string;
+      try {
+        pem = readFileSync(file, "utf8");
+      } catch (err) {
+        const missing = (err as NodeJS.ErrnoException).code === "ENOENT";
+        throw new CliError(
+          `cannot read the admin signing key ${file}: ${missing ? "no such file" : (err as Error).message}`,
+          "SIGNING_KEY_MISSING",
+          {
+            hint: opts.signingKey
+              ? "check the path given to --signing-key"
+              : "pass --signing-key <file>; a local stack creates its key in <dataDir>/keys/admin-signing.key.pem when it first starts (`npm start`)",
+          },
+        );
+      }
+      let signed;
+      try {
+        signed = await (await createAdminTokenSigner(pem, opts.ttl)).sign();
+      } catch (err) {
+        throw new CliError(
+          `${file} is not an admin signing key (an EC P-256 private key in PKCS#8 PEM): ${(err as Error).message}`,
+          "SIGNING_KEY_INVALID",
+        );
+      }
+      const token = {
+        value: signed.token,
+        expiresAt: signed.expiresAt.toISOString(),
+        id: signed.id,
+        obtainedFrom: `the signing key ${tildify(file)}`,
+      };
+      if (opts.save) {
+        s.saveToken(token);
+        reportSaved(s, token, s.json);
+      } else if (s.json) {
+        printJson({ token: token.value, tokenId: token.id, expiresAt: token.expiresAt });
+      } else {
+        console.log(token.value);
+        note(`callplane: this admin token expires at ${token.expiresAt} (${relative(signed.expiresAt)})`);
+      }
+    });
+}

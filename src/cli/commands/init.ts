@@ -1,0 +1,105 @@
+// `callplane init`: fetch an admin token from the admin token issuer (contract §5.4) and keep it
+// in the state file for the commands that follow.
+import type { Command } from "commander";
+import { send, problemError, type Service } from "../client.js";
+import { CliError } from "../errors.js";
+import { note, printFields, printJson, relative } from "../output.js";
+import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Settings } from "../settings.js";
+
+/** How to get an admin token without the issuer. */
+export function supplyTokenHint(s: Settings): string {
+  return (
+    `supply an admin token instead: set CALLPLANE_TOKEN, or put \`token:\` in the CLI config file (${tildify(s.configFile ?? DEFAULT_CONFIG_FILE)}), ` +
+    "or mint one offline with `callplane admin token --signing-key <file> --save`"
+  );
+}
+
+/** Saves a token and says so (never printing the token itself). */
+export function reportSaved(
+  s: Settings,
+  t: { id?: string; expiresAt: string; obtainedFrom: string },
+  json: boolean,
+): void {
+  if (json) {
+    printJson({
+      stateFile: s.stateFile,
+      tokenId: t.id,
+      expiresAt: t.expiresAt,
+      obtainedFrom: t.obtainedFrom,
+    });
+  } else {
+    console.log(`saved an admin token in ${tildify(s.stateFile)}`);
+    printFields([
+      ["token id", t.id],
+      ["expires", `${t.expiresAt} (${relative(new Date(t.expiresAt))})`],
+      ["from", t.obtainedFrom],
+    ]);
+  }
+  const shadow = s.token();
+  if (shadow && shadow.kind !== "state") {
+    note(`note: ${shadow.from} is set and takes precedence over the saved token; remove it to use this one`);
+  }
+}
+
+export function registerInit(program: Command): void {
+  program
+    .command("init")
+    .description("get an admin token from the admin token issuer and save it in the state file")
+    .addHelpText(
+      "after",
+      `
+The issuer URL comes from --issuer, CALLPLANE_ISSUER_URL, \`issuerUrl:\` in the CLI config file,
+\`issuer\` in ./.callplane/stack.json, else http://127.0.0.1:8081. The token is saved (mode 0600)
+in $CALLPLANE_STATE_DIR/state.json, else ~/.config/callplane/state.json; it lasts 12 hours by
+default. When the issuer is turned off, supply a token instead: CALLPLANE_TOKEN, \`token:\` in
+the CLI config file, or \`callplane admin token --signing-key <file> --save\` (offline).`,
+    )
+    .action(async (_opts: unknown, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const issuer = s.issuerUrl();
+      if ("disabled" in issuer) {
+        throw new CliError(`${issuer.disabled}, so there is no token to fetch`, "ISSUER_DISABLED", {
+          hint: supplyTokenHint(s),
+        });
+      }
+      const service: Service = { label: "the admin token issuer", code: "ISSUER", url: issuer };
+      let res: Response;
+      try {
+        res = await send(service, "/v1/admin/keys", {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: "{}",
+          timeoutMs: 15_000,
+        });
+      } catch (err) {
+        // the hint already says how to start the stack or check the URL; add the way around the issuer
+        throw err instanceof CliError ? err.withHint(`${err.hint}; or ${supplyTokenHint(s)}`) : err;
+      }
+      if (res.status === 404 || res.status === 405) {
+        await res.body?.cancel();
+        throw new CliError(
+          `the admin token issuer at ${issuer.value} is disabled (it answered HTTP ${res.status} to POST /v1/admin/keys)`,
+          "ISSUER_DISABLED",
+          { status: res.status, hint: supplyTokenHint(s) },
+        );
+      }
+      if (!res.ok) throw await problemError(res, service);
+      const body = (await res.json().catch(() => undefined)) as
+        { value?: unknown; expires_at?: unknown; id?: unknown } | undefined;
+      if (typeof body?.value !== "string" || typeof body.expires_at !== "string") {
+        throw new CliError(
+          `the admin token issuer at ${issuer.value} answered without a token (no "value" and "expires_at")`,
+          "ISSUER_BAD_ANSWER",
+          { hint: `check that ${issuer.from} names a callplane admin token issuer` },
+        );
+      }
+      const saved = {
+        value: body.value,
+        expiresAt: body.expires_at,
+        ...(typeof body.id === "string" ? { id: body.id } : {}),
+        obtainedFrom: `the admin token issuer at ${issuer.value}`,
+      };
+      s.saveToken(saved);
+      reportSaved(s, saved, s.json);
+    });
+}

@@ -1,0 +1,110 @@
+// `callplane key create|list|revoke`: API keys for invoking functions (contract §5.4). Managing
+// keys needs an admin token; the key value is shown once, when it is created.
+import { InvalidArgumentError, type Command } from "commander";
+import { SCOPES } from "../../lib/auth.js";
+import { Api } from "../client.js";
+import { note, printFields, printJson, printTable, relative } from "../output.js";
+import { duration } from "../parse.js";
+import { settingsFor } from "../settings.js";
+
+interface KeyDto {
+  id: string;
+  status: string;
+  description: string;
+  created_at: string;
+  expires_at: string;
+  revoked_at?: string;
+  authorizations?: { policies: Array<{ scopes: string[] }> };
+  value?: string;
+}
+
+function scopeList(value: string): string[] {
+  const scopes = value
+    .split(",")
+    .map((x) => x.trim())
+    .filter(Boolean);
+  const unknown = scopes.filter((x) => !(SCOPES as readonly string[]).includes(x));
+  if (scopes.length === 0) throw new InvalidArgumentError("Give at least one scope.");
+  if (unknown.length) {
+    throw new InvalidArgumentError(
+      `Unknown scope ${unknown.join(", ")}; the scopes are: ${SCOPES.join(", ")}.`,
+    );
+  }
+  return [...new Set(scopes)];
+}
+
+const scopesOf = (k: KeyDto) => [...new Set(k.authorizations?.policies.flatMap((p) => p.scopes) ?? [])];
+
+function keyFields(k: KeyDto): Array<[string, string | undefined]> {
+  return [
+    ["key id", k.id],
+    ["status", k.status],
+    ["description", k.description || undefined],
+    ["scopes", scopesOf(k).join(", ")],
+    ["created", k.created_at],
+    ["expires", `${k.expires_at} (${relative(new Date(k.expires_at))})`],
+    ["revoked", k.revoked_at],
+  ];
+}
+
+export function registerKey(program: Command): void {
+  const key = program
+    .command("key")
+    .description("create, list and revoke API keys (what `callplane invoke` and other clients present)");
+
+  key
+    .command("create")
+    .description("create an API key; its value is shown only this once")
+    .option("--description <text>", "what the key is for")
+    .option(
+      "--scopes <a,b>",
+      "comma-separated scopes (default: invoke_function, list_functions, queue_details, list_functions_details)",
+      scopeList,
+    )
+    .option("--expires-in <duration>", "lifetime such as 24h, 30d or 3600s (default 30d)", duration)
+    .action(async (opts: { description?: string; scopes?: string[]; expiresIn?: number }, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const body = {
+        ...(opts.description !== undefined ? { description: opts.description } : {}),
+        ...(opts.expiresIn !== undefined
+          ? { expires_at: new Date(Date.now() + opts.expiresIn * 1000).toISOString() }
+          : {}),
+        ...(opts.scopes ? { authorizations: { policies: [{ scopes: opts.scopes }] } } : {}),
+      };
+      const k = await new Api(s).call<KeyDto>("POST", "/v1/keys", body);
+      if (s.json) printJson(k);
+      else printFields([...keyFields(k), ["value", k.value]]);
+      note(
+        "note: the key value is shown only once, now; store it (pass it to `callplane invoke` with --api-key or CALLPLANE_API_KEY)",
+      );
+    });
+
+  key
+    .command("list")
+    .description("list API keys (never their values)")
+    .action(async (_opts: unknown, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const res = await new Api(s).call<{ keys: KeyDto[] }>("GET", "/v1/keys");
+      if (s.json) return printJson(res);
+      if (res.keys.length === 0) {
+        console.log("no API keys yet; create one with `callplane key create`");
+        return;
+      }
+      printTable(
+        ["KEY ID", "STATUS", "EXPIRES", "SCOPES", "DESCRIPTION"],
+        res.keys.map((k) => [k.id, k.status, k.expires_at, scopesOf(k).join(","), k.description]),
+      );
+    });
+
+  key
+    .command("revoke")
+    .description("revoke an API key so that it is no longer accepted")
+    .argument("<keyId>", "the key's id, as `callplane key list` shows it")
+    .action(async (keyId: string, _opts: unknown, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const k = await new Api(s).call<KeyDto>("DELETE", `/v1/keys/${encodeURIComponent(keyId)}`);
+      if (s.json) return printJson(k);
+      console.log(`revoked API key ${k.id}`);
+      printFields(keyFields(k));
+    });
+}
