@@ -8,6 +8,7 @@
 //   ANY /status/{code}    that status, with {"error": "..."} for 4xx/5xx
 //   ANY /headers          the request headers as JSON
 //   ANY /hang             never answers; /stats counts how many such calls were abandoned
+//   ANY /once-hang?key=k  the first call with a key never answers; later calls echo (redelivery tests)
 //   GET /health, /v2/health/ready
 // It listens on INFERENCE_HOST:INFERENCE_PORT (default 127.0.0.1:8000) or --listen host:port.
 import { createHash } from "node:crypto";
@@ -16,6 +17,7 @@ import { writeFile, rename } from "node:fs/promises";
 import { join } from "node:path";
 
 const stats = { requests: 0, abandoned: 0, hanging: 0 };
+const seenKeys = new Set<string>();
 
 function json(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
@@ -128,6 +130,22 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
   if (path === "/headers") {
     req.resume();
     return json(res, 200, { method: req.method, url: req.url, headers: req.headers });
+  }
+  if (path === "/once-hang") {
+    const key = url.searchParams.get("key") ?? "";
+    if (!seenKeys.has(key)) {
+      seenKeys.add(key);
+      stats.hanging++;
+      req.resume();
+      res.once("close", () => {
+        stats.hanging--;
+        stats.abandoned++;
+      });
+      return;
+    }
+    res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
+    req.pipe(res);
+    return;
   }
   if (path === "/hang") {
     stats.hanging++;
