@@ -154,6 +154,47 @@ export const configSchema = z.strictObject({
   worker: section({
     keepAliveSeconds: seconds(10, 600),
   }),
+  pki: section({
+    dir: z.string().default(""),
+    caCertFile: z.string().default(""),
+    caKeyFile: z.string().default(""),
+  }),
+  workerCallbackProxy: section({
+    enabled: z.boolean().default(true),
+    workerDomain: dnsName.default("worker.callplane.test"),
+    listen: hostPort.default("127.0.0.1:10084"),
+    metricsListen: hostPort.default("127.0.0.1:10083"),
+    podNetworks: z
+      .array(
+        cidr.refine((v) => Number(v.split("/")[1]) >= 8, {
+          message: "is too wide: a pod network must be /8 or narrower",
+        }),
+      )
+      .min(1, "must name at least one pod network")
+      .default(["127.0.1.0/24", "127.0.2.0/24"]),
+    invocation: section({
+      upstreamTls: section({ enabled: z.boolean().default(true) }),
+      connect: section({ enabled: z.boolean().default(false) }),
+      workerTlsPort: z.number().int().min(1).max(65535).default(8443),
+    }),
+    tls: section({
+      frontend: section({
+        certFile: z.string().default(""),
+        keyFile: z.string().default(""),
+      }),
+    }),
+    timeouts: section({
+      headersSeconds: seconds(10, 300),
+      idleSeconds: seconds(300, 86_400),
+      connectSeconds: seconds(5, 60),
+    }),
+    maxHeaderBytes: z.number().int().min(1024).max(65_536).default(16_384),
+    upstreamConnectionsPerPod: z.number().int().min(1).max(4096).default(256),
+  }),
+  grpcproxy: section({
+    replicaCount: z.number().int().min(0).max(250).default(0),
+    workerConnectBaseURL: optionalUrl(["http", "https"]),
+  }),
   compute: section({
     backend: z.enum(["local"]).default("local"),
     listen: hostPort.default("127.0.0.1:8082"),
@@ -211,6 +252,38 @@ function crossFieldProblems(c: Config): string[] {
     p.push(
       `adminIssuerProxy.listen and api.listen are both ${c.api.listen}: give the issuer its own address`,
     );
+  }
+  const proxy = c.workerCallbackProxy;
+  if (proxy.enabled) {
+    const splitPlane: Array<[string, string]> = [
+      ["global.workerEndpoints.invocationServiceURL", we.invocationServiceURL],
+      ["global.workerEndpoints.grpcProxyWorkerConnectURL", we.grpcProxyWorkerConnectURL],
+      ["grpcproxy.workerConnectBaseURL", c.grpcproxy.workerConnectBaseURL],
+      ["invocation.selfAddress", c.invocation.selfAddress],
+    ];
+    for (const [key, value] of splitPlane) {
+      if (value) {
+        p.push(
+          `${key} is set (${value}) while workerCallbackProxy.enabled is true: with the callback proxy, workers reach each pod through the proxy, so split-plane worker URLs must be empty. Clear ${key}, or turn workerCallbackProxy.enabled off`,
+        );
+      }
+    }
+  }
+  if (we.invocationProxyURL) {
+    const u = new URL(we.invocationProxyURL);
+    const host = u.hostname.toLowerCase();
+    if (u.protocol !== "https:")
+      p.push(
+        `global.workerEndpoints.invocationProxyURL must be https (workers verify the proxy's certificate), not ${u.protocol.slice(0, -1)}`,
+      );
+    if (
+      !host.endsWith(`.${proxy.workerDomain}`) ||
+      host.slice(0, -proxy.workerDomain.length - 1).includes(".")
+    ) {
+      p.push(
+        `global.workerEndpoints.invocationProxyURL host ${host} is not covered by the *.${proxy.workerDomain} certificate of workerCallbackProxy.workerDomain: use a name with exactly one label before ${proxy.workerDomain}`,
+      );
+    }
   }
   if (c.compute.restartBackoff.initialSeconds > c.compute.restartBackoff.maxSeconds) {
     p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
@@ -352,4 +425,13 @@ function resolveDerived(c: Config, cwd: string): void {
   if (c.nats.server.binary) c.nats.server.binary = abs(c.nats.server.binary);
   if (!c.api.url) c.api.url = `http://${c.api.listen}`;
   if (!c.adminIssuerProxy.url) c.adminIssuerProxy.url = `http://${c.adminIssuerProxy.listen}`;
+  c.pki.dir = c.pki.dir ? abs(c.pki.dir) : resolve(data, "pki");
+  c.pki.caCertFile = c.pki.caCertFile ? abs(c.pki.caCertFile) : resolve(c.pki.dir, "ca.crt");
+  c.pki.caKeyFile = c.pki.caKeyFile ? abs(c.pki.caKeyFile) : resolve(c.pki.dir, "ca.key");
+  const front = c.workerCallbackProxy.tls.frontend;
+  front.certFile = front.certFile ? abs(front.certFile) : resolve(c.pki.dir, "proxy", "tls.crt");
+  front.keyFile = front.keyFile ? abs(front.keyFile) : resolve(c.pki.dir, "proxy", "tls.key");
+  if (c.workerCallbackProxy.enabled && !c.global.workerEndpoints.invocationProxyURL) {
+    c.global.workerEndpoints.invocationProxyURL = `https://invocation.${c.workerCallbackProxy.workerDomain}:${parseHostPort(c.workerCallbackProxy.listen).port}`;
+  }
 }

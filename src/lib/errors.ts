@@ -43,6 +43,15 @@ export const ERROR_CODES = {
   CLIENT_GONE: { status: 410, kind: "user", title: "Client went away" },
   WORKER_RESPONSE_INVALID: { status: 502, kind: "system", title: "Worker sent an invalid response" },
   SHUTTING_DOWN: { status: 503, kind: "system", title: "Shutting down" },
+  // worker callback proxy
+  PROXY_TARGET_INVALID: { status: 400, kind: "user", title: "Not a pod-addressed callback target" },
+  PROXY_TARGET_FORBIDDEN: { status: 403, kind: "user", title: "Pod address outside the pod networks" },
+  PROXY_HOST_MISMATCH: { status: 400, kind: "user", title: "Host header disagrees with the target" },
+  PROXY_FRAMING_INVALID: { status: 400, kind: "user", title: "Ambiguous request framing" },
+  CONNECT_DISABLED: { status: 405, kind: "user", title: "CONNECT tunnels are disabled" },
+  UPSTREAM_UNAVAILABLE: { status: 502, kind: "system", title: "The pod could not be reached" },
+  UPSTREAM_TIMEOUT: { status: 504, kind: "system", title: "The pod did not answer in time" },
+  HOLDER_GONE: { status: 502, kind: "system", title: "The replica holding the request is gone" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
   INTERNAL: { status: 500, kind: "system", title: "Internal error" },

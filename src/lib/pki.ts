@@ -1,0 +1,188 @@
+// The stack's own PKI: a CA generated on first start (or supplied by the operator) that issues the
+// certificates worker callbacks need: each invocation replica's worker listener
+// (<dashed-ip>.invocation.<service domain>, the pod name the proxy verifies) and the callback
+// proxy's frontend (*.<workerDomain>). Certificates are written the way a Kubernetes TLS Secret
+// mounts them: a folder with tls.crt, tls.key and ca.crt.
+import "reflect-metadata";
+import * as x509 from "@peculiar/x509";
+import { X509Certificate, createHash, createPrivateKey, randomBytes, webcrypto } from "node:crypto";
+
+type CryptoKey = webcrypto.CryptoKey;
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { writeFileAtomic } from "./auth.js";
+
+x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
+
+const ALG = { name: "ECDSA", namedCurve: "P-256", hash: "SHA-256" } as const;
+const DAY = 86_400_000;
+
+export interface CaMaterial {
+  certPem: string;
+  keyPem: string;
+}
+
+export interface CertInfo {
+  subject: string;
+  issuer: string;
+  dnsNames: string[];
+  notBefore: Date;
+  notAfter: Date;
+  fingerprint256: string;
+  serialNumber: string;
+}
+
+function serial(): string {
+  const b = randomBytes(16);
+  b[0] = b[0] & 0x7f; // positive
+  return b.toString("hex");
+}
+
+async function exportKeyPem(key: CryptoKey): Promise<string> {
+  const der = Buffer.from(await webcrypto.subtle.exportKey("pkcs8", key));
+  return createPrivateKey({ key: der, format: "der", type: "pkcs8" })
+    .export({ type: "pkcs8", format: "pem" })
+    .toString();
+}
+
+async function importKeyPem(pem: string): Promise<CryptoKey> {
+  const der = createPrivateKey(pem).export({ type: "pkcs8", format: "der" });
+  return webcrypto.subtle.importKey("pkcs8", der, ALG, true, ["sign"]);
+}
+
+export async function createCa(commonName = "callplane stack CA", days = 3650): Promise<CaMaterial> {
+  const keys = await webcrypto.subtle.generateKey(ALG, true, ["sign", "verify"]);
+  const now = Date.now();
+  const cert = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: serial(),
+    name: `CN=${commonName}`,
+    notBefore: new Date(now - 60_000),
+    notAfter: new Date(now + days * DAY),
+    keys,
+    signingAlgorithm: ALG,
+    extensions: [
+      new x509.BasicConstraintsExtension(true, 0, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign, true),
+      await x509.SubjectKeyIdentifierExtension.create(keys.publicKey),
+    ],
+  });
+  return { certPem: cert.toString("pem"), keyPem: await exportKeyPem(keys.privateKey) };
+}
+
+/** Issues a server certificate (serverAuth) for DNS names, signed by the CA. */
+export async function issueServerCert(
+  ca: CaMaterial,
+  dnsNames: string[],
+  opts: { days?: number; notBefore?: Date; notAfter?: Date } = {},
+): Promise<{ certPem: string; keyPem: string }> {
+  if (dnsNames.length === 0) throw new Error("a server certificate needs at least one DNS name");
+  const caCert = new x509.X509Certificate(ca.certPem);
+  const caKey = await importKeyPem(ca.keyPem);
+  const keys = await webcrypto.subtle.generateKey(ALG, true, ["sign", "verify"]);
+  const now = Date.now();
+  const cert = await x509.X509CertificateGenerator.create({
+    serialNumber: serial(),
+    subject: `CN=${dnsNames[0]}`,
+    issuer: caCert.subject,
+    notBefore: opts.notBefore ?? new Date(now - 60_000),
+    notAfter: opts.notAfter ?? new Date(now + (opts.days ?? 365) * DAY),
+    signingKey: caKey,
+    publicKey: keys.publicKey,
+    signingAlgorithm: ALG,
+    extensions: [
+      new x509.BasicConstraintsExtension(false, undefined, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
+      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+      new x509.SubjectAlternativeNameExtension(dnsNames.map((value) => ({ type: "dns" as const, value }))),
+      await x509.AuthorityKeyIdentifierExtension.create(caCert),
+    ],
+  });
+  return { certPem: cert.toString("pem"), keyPem: await exportKeyPem(keys.privateKey) };
+}
+
+export function describeCert(pem: string): CertInfo {
+  const c = new X509Certificate(pem);
+  return {
+    subject: c.subject.replaceAll("\n", ", "),
+    issuer: c.issuer.replaceAll("\n", ", "),
+    dnsNames: (c.subjectAltName ?? "")
+      .split(",")
+      .map((s) => s.trim())
+      .filter((s) => s.startsWith("DNS:"))
+      .map((s) => s.slice(4)),
+    notBefore: new Date(c.validFrom),
+    notAfter: new Date(c.validTo),
+    fingerprint256: c.fingerprint256,
+    serialNumber: c.serialNumber,
+  };
+}
+
+export const TLS_FILES = { cert: "tls.crt", key: "tls.key", ca: "ca.crt" } as const;
+
+export interface PkiLayout {
+  dir: string;
+  caCertFile: string;
+  caKeyFile: string;
+}
+
+export function pkiLayout(dir: string): PkiLayout {
+  return { dir, caCertFile: join(dir, "ca.crt"), caKeyFile: join(dir, "ca.key") };
+}
+
+/** Loads the stack CA, creating it when it does not exist yet. */
+export async function ensureCa(layout: PkiLayout): Promise<CaMaterial & { created: boolean }> {
+  if (existsSync(layout.caCertFile) && existsSync(layout.caKeyFile)) {
+    const ca = {
+      certPem: readFileSync(layout.caCertFile, "utf8"),
+      keyPem: readFileSync(layout.caKeyFile, "utf8"),
+    };
+    const cert = new X509Certificate(ca.certPem);
+    if (!cert.ca) throw new Error(`${layout.caCertFile} is not a CA certificate`);
+    if (!cert.checkPrivateKey(createPrivateKey(ca.keyPem)))
+      throw new Error(`${layout.caKeyFile} does not belong to ${layout.caCertFile}`);
+    return { ...ca, created: false };
+  }
+  const ca = await createCa();
+  writeFileAtomic(layout.caKeyFile, ca.keyPem, 0o600);
+  writeFileAtomic(layout.caCertFile, ca.certPem, 0o644);
+  return { ...ca, created: true };
+}
+
+export function sameNames(a: string[], b: string[]): boolean {
+  return a.length === b.length && [...a].sort().join("\n") === [...b].sort().join("\n");
+}
+
+/**
+ * Makes sure `folder` holds a certificate for exactly `dnsNames`, issued by this CA and valid for at
+ * least `renewWithinDays` more days; issues a new one otherwise. Returns what it did.
+ */
+export async function ensureServerCert(
+  folder: string,
+  ca: CaMaterial,
+  dnsNames: string[],
+  opts: { renewWithinDays?: number; force?: boolean } = {},
+): Promise<"kept" | "issued"> {
+  const certFile = join(folder, TLS_FILES.cert);
+  const keyFile = join(folder, TLS_FILES.key);
+  if (!opts.force && existsSync(certFile) && existsSync(keyFile)) {
+    try {
+      const pem = readFileSync(certFile, "utf8");
+      const info = describeCert(pem);
+      const issued = new X509Certificate(pem).checkIssued(new X509Certificate(ca.certPem));
+      const fresh = info.notAfter.getTime() - Date.now() > (opts.renewWithinDays ?? 30) * DAY;
+      const keyOk = new X509Certificate(pem).checkPrivateKey(createPrivateKey(readFileSync(keyFile, "utf8")));
+      if (issued && fresh && keyOk && sameNames(info.dnsNames, dnsNames)) return "kept";
+    } catch {
+      // unreadable or broken: issue a new one
+    }
+  }
+  const { certPem, keyPem } = await issueServerCert(ca, dnsNames);
+  writeFileAtomic(keyFile, keyPem, 0o600);
+  writeFileAtomic(certFile, certPem, 0o644);
+  writeFileAtomic(join(folder, TLS_FILES.ca), ca.certPem, 0o644);
+  return "issued";
+}
+
+export function certFingerprint(pem: string): string {
+  return createHash("sha256").update(pem).digest("hex").slice(0, 16);
+}
