@@ -44,7 +44,7 @@ async function fixture(
   const pod = await startCountingPod(t, podCert, opts.podHandler);
   const front = await pki.issue(["*.worker.callplane.test"]);
   const logFile = join(tmpDir(t), "proxy.log");
-  const logger = createLogger("callback-proxy", { destination: logFile });
+  const logger = createLogger("callback-proxy", { destination: logFile, sync: true });
   const proxy = createCallbackProxy({
     listen: { host: "127.0.0.1", port: 0 },
     serviceDomain: DOMAIN,

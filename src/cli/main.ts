@@ -8,6 +8,7 @@ import { registerFunction } from "./commands/function.js";
 import { registerInit } from "./commands/init.js";
 import { registerInvoke } from "./commands/invoke.js";
 import { registerKey } from "./commands/key.js";
+import { registerPki } from "./commands/pki.js";
 import { registerStatus } from "./commands/status.js";
 import { printJson, reportError } from "./output.js";
 import { DEFAULT_API_URL, DEFAULT_ISSUER_URL, type GlobalOptions } from "./settings.js";
@@ -91,6 +92,7 @@ export function buildProgram(): Command {
   registerKey(program);
   registerInvoke(program);
   registerAdmin(program);
+  registerPki(program);
   configure(program, false);
   return program;
 }

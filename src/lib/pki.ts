@@ -186,3 +186,48 @@ export async function ensureServerCert(
 export function certFingerprint(pem: string): string {
   return createHash("sha256").update(pem).digest("hex").slice(0, 16);
 }
+
+export interface StackCertificate {
+  name: string;
+  folder: string;
+  dnsNames: string[];
+}
+
+/** The folder an invocation replica's worker-listener certificate lives in. */
+export function invocationCertFolder(pkiDir: string, podIp: string): string {
+  return join(pkiDir, "invocation", podIp.replaceAll(".", "-"));
+}
+
+/**
+ * The certificates a stack needs from its CA: the proxy's frontend (unless the operator supplies
+ * one) and each invocation replica's worker listener (when the proxy re-encrypts to pods).
+ */
+export function stackCertificates(opts: {
+  pkiDir: string;
+  serviceDomain: string;
+  workerDomain: string;
+  proxyEnabled: boolean;
+  upstreamTls: boolean;
+  frontendCertFile: string;
+  replicaIps: string[];
+}): StackCertificate[] {
+  const out: StackCertificate[] = [];
+  if (!opts.proxyEnabled) return out;
+  if (opts.frontendCertFile === join(opts.pkiDir, "proxy", TLS_FILES.cert)) {
+    out.push({
+      name: "callback proxy frontend",
+      folder: join(opts.pkiDir, "proxy"),
+      dnsNames: [`*.${opts.workerDomain}`, opts.workerDomain],
+    });
+  }
+  if (opts.upstreamTls) {
+    for (const ip of opts.replicaIps) {
+      out.push({
+        name: `invocation ${ip}`,
+        folder: invocationCertFolder(opts.pkiDir, ip),
+        dnsNames: [`${ip.replaceAll(".", "-")}.invocation.${opts.serviceDomain}`],
+      });
+    }
+  }
+  return out;
+}

@@ -5,12 +5,12 @@
 // with backpressure. Everything else is refused before any connection upstream is opened, and
 // every callback is one JSON access-log line.
 import { createServer as createHttpsServer, type Server } from "node:https";
-import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { connect as netConnect, type Socket } from "node:net";
 import { checkServerIdentity, type PeerCertificate } from "node:tls";
-import { Agent, type Dispatcher } from "undici";
+import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
-import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
+import { forward, forwardHeaders } from "../../lib/forward.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, createRegistry, type Registry } from "../../lib/metrics.js";
 import { formatHostPort, parseCidr, undashIp, type HostPort } from "../../lib/net.js";
@@ -39,6 +39,7 @@ export interface CallbackProxyOptions {
 const MAX_HEADERS = 100;
 // never dropped because a Connection header lists them: the callback needs them
 const PROTECTED = new Set(["authorization", "content-type", "content-length", "host"]);
+const DROP_UPSTREAM = new Set(["host"]);
 const SERVER_AUTH = "1.3.6.1.5.5.7.3.1";
 
 type Outcome =
@@ -175,17 +176,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   }
 
   function upstreamHeaders(req: IncomingMessage, target: PodTarget): Record<string, string | string[]> {
-    const listed = connectionListed(req.headers.connection);
-    const out: Record<string, string | string[]> = {};
-    const raw = req.rawHeaders;
-    for (let i = 0; i < raw.length; i += 2) {
-      const lower = raw[i].toLowerCase();
-      if (HOP_BY_HOP.has(lower) || lower === "host") continue;
-      if (listed.has(lower) && !PROTECTED.has(lower)) continue;
-      const cur = out[lower];
-      out[lower] =
-        cur === undefined ? raw[i + 1] : Array.isArray(cur) ? [...cur, raw[i + 1]] : [cur, raw[i + 1]];
-    }
+    const out = forwardHeaders(req, PROTECTED, DROP_UPSTREAM);
     out.host = target.authority;
     const fwd = req.socket.remoteAddress;
     if (fwd) out["x-forwarded-for"] = fwd;
@@ -286,190 +277,54 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       );
       return;
     }
-    forward(req, res, target, started);
+    forwardCallback(req, res, target, started);
   }
 
-  function forward(
+  function forwardCallback(
     req: IncomingMessage,
     res: ServerResponse,
     target: PodTarget & { path: string },
     started: number,
   ): void {
-    let bytesIn = 0;
-    let bytesOut = 0;
-    let status = 0;
-    let outcome: Outcome = "forwarded";
-    let reason: string | undefined;
-    let controller: Dispatcher.DispatchController | undefined;
-    let done = false;
-    const hasBody = req.method === "POST";
-    const idle = setTimeout(() => {
-      outcome = "upstream_timeout";
-      reason = `no bytes moved in either direction for ${opts.timeouts.idleMs / 1000} s`;
-      controller?.abort(new Error(reason));
-    }, opts.timeouts.idleMs);
-    const touch = () => idle.refresh();
-    const finish = () => {
-      if (done) return;
-      done = true;
-      clearTimeout(idle);
-      callbacks.inc({ outcome });
-      bytes.inc({ direction: "to_pod" }, bytesIn);
-      bytes.inc({ direction: "to_worker" }, bytesOut);
-      const ms = performance.now() - started;
-      duration.observe(ms / 1000);
-      log(req, {
-        target: target.podName,
-        path: target.path,
-        status,
-        outcome,
-        ...(reason ? { reason } : {}),
-        bytesIn,
-        bytesOut,
-        durationMs: Math.round(ms),
-      });
-    };
-    res.once("close", () => {
-      if (!res.writableFinished) {
-        if (outcome === "forwarded") {
-          outcome = "client_gone";
-          reason = "the worker closed its connection";
-        }
-        controller?.abort(new Error("the worker went away"));
-      }
-      finish();
-    });
-    const body = (first: Buffer | null) =>
-      (async function* () {
-        if (first) {
-          bytesIn += first.length;
-          yield first;
-        }
-        for await (const chunk of req as AsyncIterable<Buffer>) {
-          bytesIn += chunk.length;
-          touch();
-          yield chunk;
-        }
-      })();
-    const fail = (err: Error) => {
-      if (outcome === "forwarded") outcome = "upstream_error";
-      reason ??= describeUpstreamError(err, target);
-      if (res.headersSent) {
-        res.destroy();
-        return;
-      }
-      const e = new CallplaneError(
-        outcome === "upstream_timeout" ? "UPSTREAM_TIMEOUT" : "UPSTREAM_UNAVAILABLE",
-        `${reason}; the worker should give up on this request`,
-      );
-      status = e.status;
-      const text = JSON.stringify(e.toProblem());
-      res.writeHead(e.status, {
-        "content-type": "application/problem+json",
-        "content-length": Buffer.byteLength(text),
-      });
-      res.end(text);
-      req.resume();
-    };
-    const dispatch = (first: Buffer | null, ended: boolean) =>
-      agent.dispatch(
-        {
-          origin: `${opts.upstreamTls ? "https" : "http"}://${target.authority}`,
-          path: target.path,
-          method: req.method as "GET" | "POST",
-          headers: upstreamHeaders(req, target),
-          body: (!hasBody
-            ? null
-            : ended
-              ? (first ?? Buffer.alloc(0))
-              : body(first)) as unknown as Dispatcher.DispatchOptions["body"],
-          headersTimeout: 0,
-          bodyTimeout: 0,
-        },
-        {
-          onRequestStart(c) {
-            controller = c;
-          },
-          onResponseStart(c, statusCode, headers) {
-            touch();
-            if (statusCode === 101) {
-              outcome = "upstream_error";
-              reason = "the pod answered 101 Switching Protocols; the proxy does not pass protocol upgrades";
-              c.abort(new Error(reason));
-              return;
-            }
-            status = statusCode;
-            const out: OutgoingHttpHeaders = {};
-            const listed = connectionListed(headers.connection);
-            for (const [k, v] of Object.entries(headers)) {
-              if (v === undefined || HOP_BY_HOP.has(k) || listed.has(k)) continue;
-              out[k] = v;
-            }
-            res.writeHead(statusCode, out);
-          },
-          onResponseData(c, chunk) {
-            bytesOut += chunk.length;
-            touch();
-            if (!res.write(chunk)) {
-              c.pause();
-              res.once("drain", () => c.resume());
-            }
-          },
-          onResponseEnd() {
-            res.end();
-          },
-          onResponseError(_c, err) {
-            fail(err);
-          },
-        },
-      );
-    if (!hasBody) {
-      dispatch(null, true);
-      return;
-    }
-    // Dial the pod only once the first body bytes parsed cleanly: a request whose framing breaks at
-    // its first chunk (a bad chunk size) is refused without any connection upstream.
-    firstChunk(req).then(
-      ({ chunk, ended }) => dispatch(chunk, ended),
-      () => {
-        outcome = "refused_framing";
-        reason = "the request body could not be parsed";
-        finish();
+    forward(req, res, {
+      dispatcher: agent,
+      origin: `${opts.upstreamTls ? "https" : "http"}://${target.authority}`,
+      path: target.path,
+      headers: upstreamHeaders(req, target),
+      idleMs: opts.timeouts.idleMs,
+      onFailure(r, result) {
+        result.reason ??= describeUpstreamError(result.error!, target);
+        const e = new CallplaneError(
+          result.outcome === "upstream_timeout" ? "UPSTREAM_TIMEOUT" : "UPSTREAM_UNAVAILABLE",
+          `${result.reason}; the worker should give up on this request`,
+        );
+        result.status = e.status;
+        const text = JSON.stringify(e.toProblem());
+        r.writeHead(e.status, {
+          "content-type": "application/problem+json",
+          "content-length": Buffer.byteLength(text),
+        });
+        r.end(text);
       },
-    );
-  }
-
-  function firstChunk(req: IncomingMessage): Promise<{ chunk: Buffer | null; ended: boolean }> {
-    return new Promise((resolve, reject) => {
-      const cleanup = () => {
-        req.off("readable", onReadable);
-        req.off("end", onEnd);
-        req.off("error", onError);
-        req.off("close", onClose);
-      };
-      const onReadable = () => {
-        const c = req.read() as Buffer | null;
-        if (c === null) return;
-        cleanup();
-        resolve({ chunk: c, ended: req.readableEnded });
-      };
-      const onEnd = () => {
-        cleanup();
-        resolve({ chunk: null, ended: true });
-      };
-      const onError = (err: Error) => {
-        cleanup();
-        reject(err);
-      };
-      const onClose = () => {
-        cleanup();
-        reject(new Error("the request closed before its body began"));
-      };
-      req.on("readable", onReadable);
-      req.once("end", onEnd);
-      req.once("error", onError);
-      req.once("close", onClose);
-    });
+    })
+      .then((r) => {
+        callbacks.inc({ outcome: r.outcome });
+        bytes.inc({ direction: "to_pod" }, r.bytesIn);
+        bytes.inc({ direction: "to_worker" }, r.bytesOut);
+        const ms = performance.now() - started;
+        duration.observe(ms / 1000);
+        log(req, {
+          target: target.podName,
+          path: target.path,
+          status: r.status,
+          outcome: r.outcome,
+          ...(r.reason ? { reason: r.reason } : {}),
+          bytesIn: r.bytesIn,
+          bytesOut: r.bytesOut,
+          durationMs: Math.round(ms),
+        });
+      })
+      .catch((err: unknown) => logger.error({ err }, "forwarding failed unexpectedly"));
   }
 
   function describeUpstreamError(err: Error, target: PodTarget): string {

@@ -1,0 +1,141 @@
+// `callplane pki show|issue`: the stack's CA and the certificates it issues for worker callbacks
+// (the proxy's *.<workerDomain> frontend and each invocation replica's pod-name certificate).
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Command } from "commander";
+import { loadConfig, ConfigError } from "../../lib/config.js";
+import { cidrHost, parseCidr } from "../../lib/net.js";
+import {
+  TLS_FILES,
+  describeCert,
+  ensureCa,
+  ensureServerCert,
+  pkiLayout,
+  stackCertificates,
+} from "../../lib/pki.js";
+import { CliError } from "../errors.js";
+import { printJson } from "../output.js";
+import { settingsFor } from "../settings.js";
+
+function stackConfig(file: string | undefined) {
+  try {
+    return loadConfig({ file: file ?? (existsSync("callplane.yaml") ? "callplane.yaml" : undefined) });
+  } catch (err) {
+    if (err instanceof ConfigError) throw new CliError(err.message, "CONFIG");
+    throw err;
+  }
+}
+
+function certificatesOf(config: ReturnType<typeof loadConfig>) {
+  const net = parseCidr(config.invocation.podNetwork);
+  return stackCertificates({
+    pkiDir: config.pki.dir,
+    serviceDomain: config.global.serviceDomain,
+    workerDomain: config.workerCallbackProxy.workerDomain,
+    proxyEnabled: config.workerCallbackProxy.enabled,
+    upstreamTls: config.workerCallbackProxy.invocation.upstreamTls.enabled,
+    frontendCertFile: config.workerCallbackProxy.tls.frontend.certFile,
+    replicaIps: Array.from({ length: config.invocation.replicaCount }, (_, i) => cidrHost(net, i + 1)),
+  });
+}
+
+function describeFile(file: string) {
+  if (!existsSync(file)) return { file, present: false as const };
+  const info = describeCert(readFileSync(file, "utf8"));
+  const daysLeft = Math.floor((info.notAfter.getTime() - Date.now()) / 86_400_000);
+  return {
+    file,
+    present: true as const,
+    ...info,
+    notBefore: info.notBefore.toISOString(),
+    notAfter: info.notAfter.toISOString(),
+    daysLeft,
+  };
+}
+
+export function registerPki(program: Command): void {
+  const pki = program
+    .command("pki")
+    .description("the stack CA and the certificates it issues for worker callbacks");
+  pki
+    .command("show")
+    .description("list the stack CA and every certificate the stack uses, with names and expiry")
+    .option(
+      "--stack-config <file>",
+      "the stack's environment file (default: ./callplane.yaml when present, else the defaults)",
+    )
+    .action((opts: { stackConfig?: string }, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const config = stackConfig(opts.stackConfig);
+      const rows = [
+        { name: "stack CA", ...describeFile(config.pki.caCertFile) },
+        ...(config.workerCallbackProxy.enabled &&
+        !certificatesOf(config).some((c) => c.name.startsWith("callback proxy"))
+          ? [
+              {
+                name: "callback proxy frontend (operator-supplied)",
+                ...describeFile(config.workerCallbackProxy.tls.frontend.certFile),
+              },
+            ]
+          : []),
+        ...certificatesOf(config).map((c) => ({
+          name: c.name,
+          expectedNames: c.dnsNames,
+          ...describeFile(join(c.folder, TLS_FILES.cert)),
+        })),
+      ];
+      if (s.json) {
+        printJson({ pkiDir: config.pki.dir, certificates: rows });
+        return;
+      }
+      console.log(`PKI folder: ${config.pki.dir}`);
+      for (const r of rows) {
+        if (!r.present) {
+          console.log(
+            `\n${r.name}\n  file:      ${r.file}\n  status:    missing (the stack issues it at start; or run \`callplane pki issue\`)`,
+          );
+          continue;
+        }
+        console.log(
+          `\n${r.name}\n  file:      ${r.file}\n  subject:   ${r.subject}\n  issuer:    ${r.issuer}`,
+        );
+        if (r.dnsNames.length) console.log(`  names:     ${r.dnsNames.join(", ")}`);
+        console.log(
+          `  valid:     ${r.notBefore} to ${r.notAfter} (${r.daysLeft >= 0 ? `${r.daysLeft} days left` : "EXPIRED"})`,
+        );
+        console.log(`  sha256:    ${r.fingerprint256}`);
+      }
+    });
+  pki
+    .command("issue")
+    .description("create the stack CA if missing, and (re)issue the certificates the stack needs")
+    .option(
+      "--stack-config <file>",
+      "the stack's environment file (default: ./callplane.yaml when present, else the defaults)",
+    )
+    .option("--force", "issue new certificates even when the current ones are still good")
+    .addHelpText(
+      "after",
+      "\nRunning services pick up new certificates by themselves (they watch the files); no restart is needed.",
+    )
+    .action(async (opts: { stackConfig?: string; force?: boolean }, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const config = stackConfig(opts.stackConfig);
+      const ca = await ensureCa(pkiLayout(config.pki.dir));
+      const done: Array<{ name: string; folder: string; action: string }> = [];
+      for (const c of certificatesOf(config)) {
+        done.push({
+          name: c.name,
+          folder: c.folder,
+          action: await ensureServerCert(c.folder, ca, c.dnsNames, { force: opts.force ?? false }),
+        });
+      }
+      if (s.json) {
+        printJson({ ca: { file: config.pki.caCertFile, created: ca.created }, certificates: done });
+        return;
+      }
+      console.log(`stack CA: ${config.pki.caCertFile}${ca.created ? " (created)" : ""}`);
+      for (const d of done)
+        console.log(`${d.action === "issued" ? "issued" : "kept  "}  ${d.name}  ${d.folder}`);
+    });
+}

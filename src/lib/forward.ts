@@ -1,0 +1,221 @@
+// Forwarding one HTTP request to an upstream and its answer back, streamed both ways with
+// backpressure: the callback proxy (worker → pod) and the replica relay (wrong replica → holder)
+// both use it. There is no whole-request timeout, so long streams survive; instead the exchange ends
+// when no bytes move in either direction for `idleMs`. An upstream that answers 101 is refused.
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
+import type { Dispatcher } from "undici";
+import { HOP_BY_HOP, connectionListed } from "./headers.js";
+
+export type ForwardOutcome =
+  "forwarded" | "client_gone" | "upstream_error" | "upstream_timeout" | "refused_framing";
+
+export interface ForwardResult {
+  outcome: ForwardOutcome;
+  status: number;
+  bytesIn: number;
+  bytesOut: number;
+  /** Why it did not end normally. */
+  reason: string | undefined;
+  /** The upstream error, when there was one. */
+  error: Error | undefined;
+}
+
+export interface ForwardOptions {
+  dispatcher: Dispatcher;
+  origin: string;
+  path: string;
+  headers: Record<string, string | string[]>;
+  idleMs: number;
+  /** TLS server name to present when it differs from the origin's host. */
+  servername?: string;
+  /**
+   * Answers the client when the upstream failed before any response head (the caller knows what
+   * to say); after the head, the client connection is destroyed instead.
+   */
+  onFailure: (res: ServerResponse, result: ForwardResult) => void;
+}
+
+/** Resolves with the first body chunk once it parsed cleanly (or null at the end of an empty body). */
+function firstChunk(req: IncomingMessage): Promise<{ chunk: Buffer | null; ended: boolean }> {
+  return new Promise((resolve, reject) => {
+    const cleanup = () => {
+      req.off("readable", onReadable);
+      req.off("end", onEnd);
+      req.off("error", onError);
+      req.off("close", onClose);
+    };
+    const onReadable = () => {
+      const c = req.read() as Buffer | null;
+      if (c === null) return;
+      cleanup();
+      resolve({ chunk: c, ended: req.readableEnded });
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve({ chunk: null, ended: true });
+    };
+    const onError = (err: Error) => {
+      cleanup();
+      reject(err);
+    };
+    const onClose = () => {
+      cleanup();
+      reject(new Error("the request closed before its body began"));
+    };
+    req.on("readable", onReadable);
+    req.once("end", onEnd);
+    req.once("error", onError);
+    req.once("close", onClose);
+  });
+}
+
+export function forward(
+  req: IncomingMessage,
+  res: ServerResponse,
+  opts: ForwardOptions,
+): Promise<ForwardResult> {
+  return new Promise((resolve) => {
+    const result: ForwardResult = {
+      outcome: "forwarded",
+      status: 0,
+      bytesIn: 0,
+      bytesOut: 0,
+      reason: undefined,
+      error: undefined,
+    };
+    let controller: Dispatcher.DispatchController | undefined;
+    let done = false;
+    const hasBody = req.method !== "GET" && req.method !== "HEAD";
+    const idle = setTimeout(() => {
+      result.outcome = "upstream_timeout";
+      result.reason = `no bytes moved in either direction for ${opts.idleMs / 1000} s`;
+      controller?.abort(new Error(result.reason));
+    }, opts.idleMs);
+    const touch = () => idle.refresh();
+    const finish = () => {
+      if (done) return;
+      done = true;
+      clearTimeout(idle);
+      resolve(result);
+    };
+    res.once("close", () => {
+      if (!res.writableFinished && result.outcome === "forwarded") {
+        result.outcome = "client_gone";
+        result.reason = "the client closed its connection";
+      }
+      if (!res.writableFinished) controller?.abort(new Error("the client went away"));
+      finish();
+    });
+    const fail = (err: Error) => {
+      result.error = err;
+      if (result.outcome === "forwarded") result.outcome = "upstream_error";
+      if (res.headersSent) {
+        res.destroy();
+        return;
+      }
+      opts.onFailure(res, result);
+      req.resume();
+    };
+    const body = (first: Buffer | null) =>
+      (async function* () {
+        if (first) {
+          result.bytesIn += first.length;
+          yield first;
+        }
+        for await (const chunk of req as AsyncIterable<Buffer>) {
+          result.bytesIn += chunk.length;
+          touch();
+          yield chunk;
+        }
+      })();
+    const dispatch = (first: Buffer | null, ended: boolean) =>
+      opts.dispatcher.dispatch(
+        {
+          origin: opts.origin,
+          path: opts.path,
+          method: req.method as Dispatcher.HttpMethod,
+          headers: opts.headers,
+          body: (!hasBody
+            ? null
+            : ended
+              ? (first ?? Buffer.alloc(0))
+              : body(first)) as unknown as Dispatcher.DispatchOptions["body"],
+          headersTimeout: 0,
+          bodyTimeout: 0,
+          // undici takes the TLS server name from the Host header unless told otherwise
+          ...(opts.servername ? ({ servername: opts.servername } as object) : {}),
+        },
+        {
+          onRequestStart(c) {
+            controller = c;
+          },
+          onResponseStart(c, statusCode, headers) {
+            touch();
+            if (statusCode === 101) {
+              result.outcome = "upstream_error";
+              result.reason =
+                "the upstream answered 101 Switching Protocols; protocol upgrades are not passed on";
+              c.abort(new Error(result.reason));
+              return;
+            }
+            result.status = statusCode;
+            const out: OutgoingHttpHeaders = {};
+            const listed = connectionListed(headers.connection);
+            for (const [k, v] of Object.entries(headers)) {
+              if (v === undefined || HOP_BY_HOP.has(k) || listed.has(k)) continue;
+              out[k] = v;
+            }
+            res.writeHead(statusCode, out);
+          },
+          onResponseData(c, chunk) {
+            result.bytesOut += chunk.length;
+            touch();
+            if (!res.write(chunk)) {
+              c.pause();
+              res.once("drain", () => c.resume());
+            }
+          },
+          onResponseEnd() {
+            res.end();
+          },
+          onResponseError(_c, err) {
+            fail(err);
+          },
+        },
+      );
+    if (!hasBody) {
+      dispatch(null, true);
+      return;
+    }
+    // Dial upstream only once the first body bytes parsed cleanly: a request whose framing breaks
+    // at its first chunk (a bad chunk size) then never opens a connection upstream.
+    firstChunk(req).then(
+      ({ chunk, ended }) => dispatch(chunk, ended),
+      () => {
+        result.outcome = "refused_framing";
+        result.reason = "the request body could not be parsed";
+        finish();
+      },
+    );
+  });
+}
+
+/** Copies end-to-end request headers, dropping hop-by-hop ones and what a Connection header lists (except `protect`). */
+export function forwardHeaders(
+  req: IncomingMessage,
+  protect: ReadonlySet<string>,
+  drop: ReadonlySet<string> = new Set(),
+): Record<string, string | string[]> {
+  const listed = connectionListed(req.headers.connection);
+  const out: Record<string, string | string[]> = {};
+  const raw = req.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) {
+    const lower = raw[i].toLowerCase();
+    if (HOP_BY_HOP.has(lower) || drop.has(lower)) continue;
+    if (listed.has(lower) && !protect.has(lower)) continue;
+    const cur = out[lower];
+    out[lower] =
+      cur === undefined ? raw[i + 1] : Array.isArray(cur) ? [...cur, raw[i + 1]] : [cur, raw[i + 1]];
+  }
+  return out;
+}

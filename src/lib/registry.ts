@@ -1,0 +1,79 @@
+// The registry of live invocation replicas: a NATS KV bucket in which every replica keeps an entry
+// under its holder id (the id its request ids carry) with the address other replicas reach it at.
+// Entries expire unless refreshed, so a replica that dies drops out within the TTL. A replica that
+// receives a callback for a request it does not hold looks the holder up here: the address always
+// comes from the registry, never from the callback itself, so a relay can reach only live replicas.
+import { Kvm, type KV } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { holderHex } from "./ids.js";
+import type { Logger } from "./log.js";
+
+export interface ReplicaEntry {
+  holder: string;
+  /** Where other replicas send relayed callbacks: the replica's plain control-plane listener. */
+  relayUrl: string;
+  startedAt: string;
+}
+
+export const REGISTRY_BUCKET = "callplane_replicas";
+
+export class ReplicaRegistry {
+  private kv: KV | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private readonly key: string;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly self: { holder: number; relayUrl: string },
+    private readonly logger: Logger,
+    private readonly ttlMs = 15_000,
+  ) {
+    this.key = holderHex(self.holder);
+  }
+
+  private entry(): string {
+    return JSON.stringify({
+      holder: this.key,
+      relayUrl: this.self.relayUrl,
+      startedAt: new Date().toISOString(),
+    } satisfies ReplicaEntry);
+  }
+
+  async start(): Promise<void> {
+    this.kv = await new Kvm(this.nc).create(REGISTRY_BUCKET, {
+      history: 1,
+      ttl: this.ttlMs,
+      storage: "memory" as never,
+    });
+    await this.kv.put(this.key, this.entry());
+    // refresh well within the TTL, so one late refresh does not drop a live replica
+    this.timer = setInterval(
+      () => {
+        this.kv
+          ?.put(this.key, this.entry())
+          .catch((err: unknown) =>
+            this.logger.warn(
+              { err: (err as Error).message },
+              "could not refresh this replica's registry entry",
+            ),
+          );
+      },
+      Math.max(250, Math.floor(this.ttlMs / 3)),
+    );
+    this.timer.unref();
+  }
+
+  /** The live replica with this holder id, or undefined when it is unknown or has expired. */
+  async lookup(holder: number): Promise<ReplicaEntry | undefined> {
+    if (!this.kv) return undefined;
+    const e = await this.kv.get(holderHex(holder));
+    if (!e || e.operation !== "PUT") return undefined;
+    return e.json<ReplicaEntry>();
+  }
+
+  /** Leaves the registry at once (a clean stop), instead of waiting for the entry to expire. */
+  async close(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    await this.kv?.delete(this.key).catch(() => undefined);
+  }
+}
