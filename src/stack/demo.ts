@@ -128,12 +128,13 @@ async function deploy(apiUrl: string, token: string, demo: Demo): Promise<void> 
     throw new Error(`deploying the demo function failed: ${JSON.stringify(r.body)}`);
 }
 
-/** Waits until the demo's deployment has an ACTIVE instance. */
+/** Waits until the demo's deployment has an ACTIVE instance (created at `since` or later, when given). */
 export async function waitActive(
   apiUrl: string,
   signingKeyFile: string,
   demo: Demo,
   timeoutMs: number,
+  since?: Date,
 ): Promise<void> {
   const signer = await createAdminTokenSigner(readFileSync(signingKeyFile, "utf8"), 3600);
   const token = (await signer.sign({ subject: "callplane-stack" })).token;
@@ -141,14 +142,26 @@ export async function waitActive(
   let last = "";
   while (Date.now() < deadline) {
     const dep = await api<{
-      deployment: { functionStatus: string; instances: Array<{ instanceStatus: string; message?: string }> };
+      deployment: {
+        functionStatus: string;
+        instances: Array<{ instanceStatus: string; instanceCreatedAt: string; message?: string }>;
+      };
     }>(
       apiUrl,
       token,
       "GET",
       `/v2/nvcf/deployments/functions/${demo.httpFunctionId}/versions/${demo.httpFunctionVersionId}`,
     );
-    if (dep.body?.deployment?.functionStatus === "ACTIVE") return;
+    // Fix: functionStatus alone also counts ACTIVE rows that a stack killed without stopping left
+    // in the database, for instances that no longer exist; then the demo was invoked before any
+    // instance of this start was up.
+    const fresh = (i: { instanceCreatedAt: string }) =>
+      !since || Date.parse(i.instanceCreatedAt) >= since.getTime();
+    if (
+      dep.body?.deployment?.functionStatus === "ACTIVE" &&
+      dep.body.deployment.instances.some((i) => i.instanceStatus === "ACTIVE" && fresh(i))
+    )
+      return;
     last = JSON.stringify(
       dep.body?.deployment?.instances?.map((i) => i.message ?? i.instanceStatus) ?? dep.body,
     );

@@ -21,6 +21,9 @@ function configFile(argv: string[]): string | undefined {
   return existsSync("callplane.yaml") ? resolve("callplane.yaml") : undefined;
 }
 
+// The stack once it has claimed its data folder: what a failed start has to stop.
+let claimed: LocalStack | undefined;
+
 async function main(): Promise<void> {
   const file = configFile(process.argv.slice(2));
   const config = loadConfig({ file });
@@ -51,6 +54,7 @@ async function main(): Promise<void> {
   process.on("exit", () => stack.killAll());
 
   stack.claim();
+  claimed = stack;
   const addresses: Array<[string, HostPort]> = [];
   if (config.nats.server.enabled) addresses.push(["nats-server", parseHostPort(config.nats.server.listen)]);
   addresses.push(["api", parseHostPort(config.api.listen)]);
@@ -83,6 +87,9 @@ async function main(): Promise<void> {
     invocation.push(urls.invocation);
     say(`invocation-${i + 1}  ${urls.invocation}   (workers call back at ${urls.target})`);
   }
+  // instances created from now on are this start's own: rows left by a stack that was killed
+  // without stopping may still say ACTIVE
+  const computeStarted = new Date();
   const compute = (await stack.startService("compute", "compute")).compute;
   say(`compute       ${compute}   (local backend: instances on ${config.compute.instanceNetwork})`);
 
@@ -92,7 +99,7 @@ async function main(): Promise<void> {
     signingKeyFile: config.auth.adminSigningKeyFile,
     say,
   });
-  await waitActive(api, config.auth.adminSigningKeyFile, demo, 120_000);
+  await waitActive(api, config.auth.adminSigningKeyFile, demo, 120_000, computeStarted);
   const payload = { hello: "callplane", at: new Date().toISOString() };
   const answer = await invokeDemo(invocation[0], demo, payload);
   if (answer.status !== 200)
@@ -135,11 +142,17 @@ async function main(): Promise<void> {
   console.log("  stop the stack:    Ctrl-C");
 }
 
-main().catch((err: unknown) => {
+main().catch(async (err: unknown) => {
   if (err instanceof StackError || err instanceof ConfigError) {
     console.error(`callplane: ${err.message}`);
   } else {
     console.error("callplane: the stack failed to start:", err);
   }
+  // Fix: a start that failed after some services were up used to exit at once, and the exit
+  // handler SIGKILLed the services, so the compute agent could not stop its instances (their
+  // inference servers were left running). Stop what was started, as Ctrl-C would, and release the
+  // data folder (stack.pid). Only a stack that claimed the folder does so: a start refused
+  // because another stack runs there must not touch that stack's files.
+  if (claimed) await claimed.stop(5000).catch(() => undefined);
   process.exit(1);
 });

@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readFileSync, readdirSync } from "node:fs";
 import { createServer } from "node:net";
 import type { HostPort } from "../lib/net.js";
 
@@ -34,4 +34,35 @@ export function processCommandLine(pid: number): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** Every live process below `root` (children, grandchildren ...), read from /proc; [] elsewhere. */
+export function descendantPids(root: number): number[] {
+  const children = new Map<number, number[]>();
+  let entries: string[];
+  try {
+    entries = readdirSync("/proc");
+  } catch {
+    return [];
+  }
+  for (const name of entries) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, "utf8");
+      // the command name may hold spaces and parentheses: fields start after the last ")"
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: number[] = [];
+  const todo = [root];
+  while (todo.length) {
+    for (const c of children.get(todo.pop()!) ?? []) {
+      out.push(c);
+      todo.push(c);
+    }
+  }
+  return out;
 }

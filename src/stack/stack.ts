@@ -10,7 +10,7 @@ import type { Config } from "../lib/config.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
 import { parseHostPort, type HostPort } from "../lib/net.js";
 import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/supervise.js";
-import { checkListen, processAlive, processCommandLine } from "./preflight.js";
+import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";
 
 const distSrc = resolve(fileURLToPath(import.meta.url), "..", "..");
 
@@ -213,6 +213,19 @@ export class LocalStack {
   }
 
   killAll(): void {
+    // Fix: only the direct children used to be killed. The compute agent's inference servers have
+    // no control channel to notice their supervisor die, so they outlived the stack and kept the
+    // instance addresses busy (the next start's instances then crash-looped with EADDRINUSE while
+    // their workers took the orphans' health for their own). The tree is read before anything is
+    // killed, since a killed parent's children are reparented and can no longer be found.
+    const below = this.children.flatMap((c) => (c.pid ? descendantPids(c.pid) : []));
     for (const c of this.children) c.killNow();
+    for (const pid of below) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
   }
 }

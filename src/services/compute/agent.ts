@@ -55,8 +55,21 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     return text ? (JSON.parse(text) as unknown) : undefined;
   };
 
+  // Instances being stopped still hold their address until their processes exit.
+  const stopping = new Set<LocalInstance>();
+  const stopInstance = (i: LocalInstance): Promise<void> => {
+    stopping.add(i);
+    return i.stop().then(() => {
+      stopping.delete(i);
+      terminated.push(i);
+    });
+  };
+
   function freeSlot(): number {
-    const used = new Set([...instances.values()].flat().map((i) => i.slot));
+    // Fix: slots of stopping instances used to count as free, so a deployment added in the same
+    // sync as another was removed got the address still held by the draining processes and its
+    // servers failed with EADDRINUSE (reported ERRORED) until the old ones were gone.
+    const used = new Set([...[...instances.values()].flat(), ...stopping].map((i) => i.slot));
     for (let n = 1; n < 2 ** (32 - network.bits) - 1; n++) if (!used.has(n)) return n;
     throw new Error(`no free address left in ${network.text} for another instance`);
   }
@@ -66,7 +79,17 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     if (!syncing) void report().catch(() => undefined);
   };
 
-  async function report(): Promise<void> {
+  // Fix: reports used to run concurrently (one per status change, plus the sync's), and since each
+  // replaces the previous one, an older snapshot landing last showed a stale status until the next
+  // sync. They now go one at a time, each taking its snapshot when it is its turn.
+  let reporting: Promise<void> = Promise.resolve();
+  function report(): Promise<void> {
+    const next = reporting.then(sendReport);
+    reporting = next.catch(() => undefined);
+    return next;
+  }
+
+  async function sendReport(): Promise<void> {
     dirty = false;
     const all = [...[...instances.values()].flat(), ...terminated.splice(0)];
     for (const s of ["STARTING", "ACTIVE", "ERRORED"] as const)
@@ -101,7 +124,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       if (wanted.has(id)) continue;
       instances.delete(id);
       logger.info({ deploymentId: id, instances: list.length }, "deployment removed: stopping its instances");
-      for (const i of list) stops.push(i.stop().then(() => void terminated.push(i)));
+      for (const i of list) stops.push(stopInstance(i));
     }
     for (const d of deployments) {
       const spec = d.specs[0];
@@ -119,7 +142,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       }
       while (list.length > target) {
         const inst = list.pop()!;
-        stops.push(inst.stop().then(() => void terminated.push(inst)));
+        stops.push(stopInstance(inst));
       }
     }
     await Promise.all(stops);
@@ -169,7 +192,8 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     destroy() {
       stopped = true;
       if (timer) clearTimeout(timer);
-      for (const i of [...instances.values()].flat()) i.killNow();
+      // instances still draining after a scale-down are killed too, not left to their grace timer
+      for (const i of [...[...instances.values()].flat(), ...stopping]) i.killNow();
       http.destroy();
     },
   };

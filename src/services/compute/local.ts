@@ -3,8 +3,11 @@
 // instances never collide on ports. Both are supervised (restarted with backoff when they die) and
 // never detached: stopping the agent stops them.
 import { randomUUID } from "node:crypto";
+import { connect } from "node:net";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
+import { request } from "undici";
 import type { Logger } from "../../lib/log.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
 import type { InstanceStatus } from "../api/store/types.js";
@@ -87,6 +90,19 @@ export function inferenceCommand(
   };
 }
 
+function canConnect(host: string, port: number, signal: AbortSignal): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect({ host, port, signal, timeout: 5000 });
+    const done = (ok: boolean) => {
+      socket.destroy();
+      resolve(ok);
+    };
+    socket.once("connect", () => done(true));
+    socket.once("error", () => done(false));
+    socket.once("timeout", () => done(false));
+  });
+}
+
 export class LocalInstance {
   readonly instanceId = randomUUID();
   status: InstanceStatus = "STARTING";
@@ -95,6 +111,7 @@ export class LocalInstance {
   updatedAt = this.createdAt;
   private inference: SupervisedChild | undefined;
   private worker: SupervisedChild | undefined;
+  private recovery: AbortController | undefined;
 
   constructor(
     readonly deployment: DesiredDeployment,
@@ -181,11 +198,15 @@ export class LocalInstance {
       restart,
     });
     this.inference.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
-      if (!info.expected)
+      if (!info.expected) {
         this.set(
           "ERRORED",
           `the inference server exited (${info.signal ?? `code ${info.code}`}); restarting it. See ${this.inference!.spec.logFile}`,
         );
+        // Fix: the worker stays up and reports `ready` only once, so nothing used to bring the
+        // instance back to ACTIVE after the restarted server came up: it stayed ERRORED for good.
+        this.watchRecovery();
+      }
     });
     this.worker.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
       if (!info.expected)
@@ -203,14 +224,56 @@ export class LocalInstance {
     this.worker.start().catch(() => undefined);
   }
 
+  /**
+   * After the inference server died: waits until its replacement answers its health check (and
+   * the worker is up), then reports the instance ACTIVE again.
+   */
+  private watchRecovery(): void {
+    if (this.recovery) return;
+    const ac = new AbortController();
+    this.recovery = ac;
+    const h = this.deployment.spec.health;
+    const healthy = async (): Promise<boolean> => {
+      if (this.inference?.state !== "running" || this.worker?.state !== "running") return false;
+      if (h.protocol.toLowerCase() !== "http") return await canConnect(this.host, h.port, ac.signal);
+      try {
+        const res = await request(`http://${this.host}:${h.port}${h.uri}`, {
+          signal: ac.signal,
+          headersTimeout: 5000,
+          bodyTimeout: 5000,
+        });
+        await res.body.dump();
+        return res.statusCode === h.expectedStatusCode;
+      } catch {
+        return false;
+      }
+    };
+    void (async () => {
+      while (!ac.signal.aborted) {
+        await sleep(250, undefined, { signal: ac.signal }).catch(() => undefined);
+        if (ac.signal.aborted || !(await healthy()) || ac.signal.aborted) continue;
+        this.recovery = undefined;
+        if (this.status === "ERRORED") this.set("ACTIVE");
+        return;
+      }
+    })();
+  }
+
   /** Drains the worker (it finishes in-flight requests), then stops the inference server. */
   async stop(): Promise<void> {
+    this.recovery?.abort();
     await this.worker?.stop(this.env.stopGraceMs);
     await this.inference?.stop(this.env.stopGraceMs);
     this.set("TERMINATED");
   }
 
+  /** The process ids of the instance's two processes, when they run (read-only, for tests and diagnostics). */
+  get pids(): { inference: number | undefined; worker: number | undefined } {
+    return { inference: this.inference?.pid, worker: this.worker?.pid };
+  }
+
   killNow(): void {
+    this.recovery?.abort();
     this.worker?.killNow();
     this.inference?.killNow();
   }

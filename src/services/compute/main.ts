@@ -32,6 +32,12 @@ runService(
       },
       logger,
     });
+    // Fix: an agent that dies (an uncaught error, a second stop signal) left its inference servers
+    // running: unlike the workers they have no control channel to notice, and they kept the
+    // instance addresses busy for the agent's next start. Whatever ends this process ends them.
+    process.on("exit", () => {
+      for (const i of agent.instances()) i.killNow();
+    });
     const url = await agent.listen();
     return { urls: { compute: url.origin }, close: (g) => agent.close(g), destroy: () => agent.destroy() };
   },
