@@ -345,8 +345,10 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     async close(graceMs = 10_000) {
       if (draining) return;
       draining = true;
-      server.close();
-      // idle keep-alive connections would otherwise hold the process open until their timeout
+      // Keep listening while draining: work in flight may still need new connections (a worker's
+      // callback for a request this replica holds), and late clients get a clear 503 with
+      // Connection: close instead of a refused connection. The listener closes once the work is done.
+      // Idle keep-alive connections would otherwise hold the process open until their timeout.
       server.closeIdleConnections();
       if (inFlight > 0) {
         await new Promise<void>((resolve) => {
@@ -358,6 +360,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
           });
         });
       }
+      server.close();
       for (const s of sockets) s.destroy();
     },
     destroy() {
