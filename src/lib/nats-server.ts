@@ -5,10 +5,13 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { connect as netConnect } from "node:net";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import type { HostPort } from "./net.js";
 
 export function natsServerBinary(configured?: string): string {
-  const candidates = [configured, process.env.CALLPLANE_NATS_SERVER, "nats-server"].filter(
+  // .tools/ in the checkout is where the bootstrap script puts the one it fetches
+  const local = join(fileURLToPath(import.meta.url), "..", "..", "..", "..", ".tools", "nats-server");
+  const candidates = [configured, process.env.CALLPLANE_NATS_SERVER, "nats-server", local].filter(
     (x): x is string => !!x,
   );
   for (const bin of candidates) {
