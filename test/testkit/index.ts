@@ -25,9 +25,23 @@ type Ctx = Pick<TestContext, "after">;
 export const repoRoot = join(import.meta.dirname, "..", "..", "..");
 export const distRoot = join(repoRoot, "dist");
 
+/** Removes a folder; never throws (a failing after-hook would skip the hooks after it). */
+export function removeDir(dir: string): void {
+  try {
+    rmSync(dir, { recursive: true, force: true, maxRetries: 5, retryDelay: 50 });
+  } catch {
+    // a process that has not let go yet; the OS cleans tmp eventually
+  }
+}
+
+/**
+ * A temporary folder removed when the test ends. node:test runs after-hooks in the order they were
+ * added, so a helper that starts a process writing into its folder must add the folder's removal
+ * after the process's stop (see startNats).
+ */
 export function tmpDir(t: Ctx, prefix = "callplane-test-"): string {
   const dir = mkdtempSync(join(tmpdir(), prefix));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  t.after(() => removeDir(dir));
   return dir;
 }
 
@@ -40,7 +54,8 @@ export interface Nats {
 
 /** Starts a real nats-server with JetStream on a random loopback port. */
 export async function startNats(t: Ctx, opts: { dir?: string } = {}): Promise<Nats> {
-  const dir = opts.dir ?? tmpDir(t, "callplane-nats-");
+  const own = opts.dir === undefined;
+  const dir = opts.dir ?? mkdtempSync(join(tmpdir(), "callplane-nats-"));
   const files = writeNatsServerConfig(dir, { host: "127.0.0.1", port: -1 }, { name: "test" });
   const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
     stdio: ["ignore", "ignore", "pipe"],
@@ -56,6 +71,8 @@ export async function startNats(t: Ctx, opts: { dir?: string } = {}): Promise<Na
     clearTimeout(k);
   };
   t.after(stop);
+  // after the stop: nats-server writes into its folder until it exits
+  if (own) t.after(() => removeDir(dir));
   let port = 0;
   for (let i = 0; i < 200 && !port; i++) {
     const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
@@ -95,7 +112,8 @@ export async function startApi(
   t: Ctx,
   opts: { maxBodyBytes?: number; dir?: string } = {},
 ): Promise<ApiFixture> {
-  const dir = opts.dir ?? tmpDir(t, "callplane-api-");
+  const own = opts.dir === undefined;
+  const dir = opts.dir ?? mkdtempSync(join(tmpdir(), "callplane-api-"));
   const privateKeyFile = join(dir, "keys", "admin.key.pem");
   const publicKeyFile = join(dir, "keys", "admin.pub.pem");
   ensureAdminKeyPair(privateKeyFile, publicKeyFile);
@@ -119,6 +137,8 @@ export async function startApi(
     api.destroy();
     await store.close();
   });
+  // after the API and its store are closed
+  if (own) t.after(() => removeDir(dir));
   const signer = await createAdminTokenSigner(readFileSync(privateKeyFile, "utf8"), 43_200);
   return {
     url,

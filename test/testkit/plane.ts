@@ -1,7 +1,9 @@
 // A whole invocation plane for tests: nats-server, the API, a function deployed with an API key,
 // invocation replicas and worker agents beside an example inference server. Services run in this
 // process on 127.0.0.1:0 unless a test asks for child processes.
+import { mkdtempSync, rmSync } from "node:fs";
 import { createServer, type Server } from "node:http";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import type { AddressInfo } from "node:net";
@@ -14,9 +16,33 @@ import {
 } from "../../src/services/invocation/service.js";
 import { createWorkerAgent, type WorkerAgent } from "../../src/services/worker/agent.js";
 import { workerConfigFromEnv } from "../../src/services/worker/config.js";
-import { call, sampleDeployment, startApi, startNats, tmpDir, type ApiFixture, type Nats } from "./index.js";
+import { call, sampleDeployment, startApi, startNats, type ApiFixture, type Nats } from "./index.js";
 
 type Ctx = Pick<TestContext, "after">;
+
+/**
+ * A scratch folder removed when the test ends, by a hook registered now: call it after starting
+ * what writes there, so that (after-hooks run in the order they were added) the writer stops
+ * first. tmpDir() registers its removal before startNats() and startApi() register their stops:
+ * the folder went while nats-server still wrote consumer state into it (ENOTEMPTY), and a hook
+ * that throws skips every hook after it, leaving nats-server and the services running and the
+ * test file never exiting. Removal here never throws: a leftover temp folder is harmless.
+ */
+function scratchDir(prefix: string): { dir: string; removeAfter(t: Ctx): void } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  return {
+    dir,
+    removeAfter(t) {
+      t.after(() => {
+        try {
+          rmSync(dir, { recursive: true, force: true, maxRetries: 5 });
+        } catch {
+          // see above
+        }
+      });
+    },
+  };
+}
 
 export async function startExampleServer(
   t: Ctx,
@@ -76,11 +102,21 @@ export interface Plane {
   nats: Nats;
   api: ApiFixture;
   fn: DeployedFunction;
-  inference: { url: string; port: number };
+  /** The example inference server every worker of the plane calls (`server` lets a test stop it). */
+  inference: { url: string; port: number; server: Server };
   replicas: Array<{ service: InvocationService; url: string }>;
   workers: WorkerAgent[];
   invokeUrl(replica?: number): string;
-  addWorker(overrides?: Record<string, string>): Promise<WorkerAgent>;
+  /** Starts a worker for `fn` (the plane's function unless given), with its own output folder. */
+  addWorker(overrides?: Record<string, string>, fn?: DeployedFunction): Promise<WorkerAgent>;
+  /**
+   * Deploys another function (its own inferenceUrl, its own API key) beside the plane's one and
+   * starts `workers` workers for it (default 1) against the same example inference server.
+   */
+  addFunction(opts: { inferenceUrl: string; workers?: number }): Promise<{
+    fn: DeployedFunction;
+    invokeUrl(replica?: number): string;
+  }>;
 }
 
 export interface PlaneOptions {
@@ -116,13 +152,20 @@ export function workerEnv(
 }
 
 export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane> {
-  const nats = await startNats(t);
-  const api = await startApi(t);
+  const natsDir = scratchDir("callplane-nats-");
+  const nats = await startNats(t, { dir: natsDir.dir });
+  natsDir.removeAfter(t);
+  const apiDir = scratchDir("callplane-api-");
+  const api = await startApi(t, { dir: apiDir.dir });
+  apiDir.removeAfter(t);
   const fn = await deployFunction(api, `fn-${Math.random().toString(36).slice(2, 10)}`, {
     inferenceUrl: opts.inferenceUrl ?? "/echo",
   });
   const inference = await startExampleServer(t);
-  const responseDir = join(tmpDir(t, "callplane-responses-"));
+  // workers started later write here until their own hooks stop them; removal tolerates that
+  const responses = scratchDir("callplane-responses-");
+  responses.removeAfter(t);
+  const responseDir = responses.dir;
   const queue = { ...DEFAULT_QUEUE_LIMITS, ...opts.queue };
   const replicas: Plane["replicas"] = [];
   for (let i = 0; i < (opts.replicas ?? 1); i++) {
@@ -141,6 +184,7 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
     replicas.push({ service, url });
   }
   const workers: WorkerAgent[] = [];
+  let workerCount = 0;
   const plane: Plane = {
     nats,
     api,
@@ -149,9 +193,11 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
     replicas,
     workers,
     invokeUrl: (r = 0) => `${replicas[r].url}/v2/nvcf/pexec/functions/${fn.functionId}`,
-    async addWorker(overrides = {}) {
+    async addWorker(overrides = {}, target = fn) {
+      // Each worker gets its own output folders: two workers sharing slot-N folders would empty
+      // each other's progress files.
       const cfg = workerConfigFromEnv(
-        workerEnv(plane, responseDir, {
+        workerEnv({ nats, fn: target, inference }, join(responseDir, `worker-${workerCount++}`), {
           NVCF_REGION: "test",
           MAX_REQUEST_CONCURRENCY: String(opts.concurrency ?? 8),
           CALLPLANE_ACK_WAIT_SECONDS: String(queue.ackWaitSeconds),
@@ -164,6 +210,16 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
       t.after(() => agent.destroy());
       workers.push(agent);
       return agent;
+    },
+    async addFunction(o) {
+      const extra = await deployFunction(api, `fn-${Math.random().toString(36).slice(2, 10)}`, {
+        inferenceUrl: o.inferenceUrl,
+      });
+      for (let i = 0; i < (o.workers ?? 1); i++) await plane.addWorker({}, extra);
+      return {
+        fn: extra,
+        invokeUrl: (r = 0) => `${replicas[r].url}/v2/nvcf/pexec/functions/${extra.functionId}`,
+      };
     },
   };
   for (let i = 0; i < (opts.workers ?? 1); i++) await plane.addWorker();

@@ -148,7 +148,21 @@ export class AuthCache {
     );
   }
 
+  private closing: Promise<void> | undefined;
+
+  /**
+   * Waits for lookups in flight, then closes the connections. Idempotent: undici rejects a second
+   * close() of an agent (it is destroyed once closed) with ClientDestroyedError, and a replica's
+   * destroy() after close() would otherwise end in an unhandled rejection.
+   */
   close(): Promise<void> {
-    return this.dispatcher.close();
+    this.closing ??= this.dispatcher.close().catch(() => undefined);
+    return this.closing;
+  }
+
+  /** Aborts lookups in flight, also during a close(). Safe after close(). */
+  destroy(): void {
+    const destroyed = this.dispatcher.destroy().catch(() => undefined);
+    this.closing ??= destroyed;
   }
 }

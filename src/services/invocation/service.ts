@@ -366,6 +366,10 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       versions.length === 1 ? versions[0] : versions[Math.floor(Math.random() * versions.length)];
     const body = await readPrefix(req, inlineLimit);
     if (res.destroyed) return;
+    // readPrefix stops at the limit before it can see the end, so a body of exactly inlineLimit
+    // bytes reads as unfinished; its Content-Length says nothing is left for GET request-attach.
+    const complete =
+      body.ended || (body.rest === undefined && req.headers["content-length"] === String(body.head.length));
     const q = req.url!.indexOf("?");
     const p: Pending = {
       requestId: newRequestId(holderId),
@@ -374,7 +378,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       clientReq: req,
       clientRes: res,
       leftover: body.rest,
-      requestToken: body.ended ? undefined : newToken(),
+      requestToken: complete ? undefined : newToken(),
       responseToken: newToken(),
       state: "queued",
       timer: undefined,
@@ -537,6 +541,14 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
     }
     const { head, rest } = framed;
+    if (head.contentLength !== undefined && rest.length > head.contentLength) {
+      // Bytes past the declared length would reach the client's keep-alive connection as the start
+      // of a next response. The head is not out yet, so the client can still get a clean 502.
+      attaches.inc({ kind: "response", result: "bad_framing" });
+      const detail = `the framed body is longer than its Content-Length (${head.contentLength} bytes)`;
+      failClient(p, detail);
+      throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
+    }
     const client = p.clientRes;
     const headers: OutgoingHttpHeaders = {};
     const listed = new Set<string>();
@@ -575,9 +587,14 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         logger.error({ requestId: p.requestId, err }, "could not record the in-progress request for polling");
       }
     } else if (p.poll) {
-      pollKvBucket()
+      // Purged before the client sees the final answer: a poll sent right after it must find no
+      // record (404), not reach a worker that has finished with the request (and would acknowledge
+      // the poll but never answer it, leaving the client to wait for the window).
+      await pollKvBucket()
         .then((kv) => kv.purge(p.requestId))
-        .catch((err: unknown) => logger.debug({ err }, "purge of the poll record failed"));
+        .catch((err: unknown) =>
+          logger.warn({ requestId: p.requestId, err }, "purge of the poll record failed"),
+        );
     }
     firstByte.observe((Date.now() - p.started) / 1000);
     invocations.inc({ outcome: "answered" });
@@ -585,13 +602,23 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     client.writeHead(head.status, headers);
     const bodyless = head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";
     let ok = true;
+    let framingError: string | undefined;
     if (!bodyless) {
       if (rest.length) client.write(rest);
       const limit = head.contentLength === undefined ? undefined : head.contentLength - rest.length;
       try {
-        await pump(req, client, limit === undefined ? {} : { limit: Math.max(0, limit) });
+        const { bytes } = await pump(req, client, limit === undefined ? {} : { limit });
+        // The worker's body ended short of its Content-Length. The client's head (with that
+        // length) is out: ending the response normally would leave the client waiting on a
+        // keep-alive connection for bytes that never come. Cut it instead.
+        if (limit !== undefined && bytes < limit) {
+          ok = false;
+          framingError = `the framed body ended after ${rest.length + bytes} of its ${head.contentLength} bytes (Content-Length)`;
+        }
       } catch (err) {
         ok = false;
+        if (err instanceof PumpLimitError)
+          framingError = `the framed body is longer than its Content-Length (${head.contentLength} bytes)`;
         ctx.log.debug(
           { requestId: p.requestId, err: (err as Error).message },
           err instanceof PumpLimitError
@@ -606,15 +633,15 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       client.destroy();
       release(p);
       if (!res.headersSent) {
-        res.writeHead(410, { "content-type": "application/problem+json", connection: "close" });
-        res.end(
-          JSON.stringify(
-            new CallplaneError(
+        // The worker is told why: its framing was wrong (400), or the client went away (410).
+        const err = framingError
+          ? new CallplaneError("ATTACH_FRAMING_INVALID", framingError)
+          : new CallplaneError(
               "CLIENT_GONE",
               `the response to ${p.requestId} could not be delivered in full`,
-            ).toProblem(),
-          ),
-        );
+            );
+        if (framingError) attaches.inc({ kind: "response", result: "bad_framing" });
+        sendProblem(res, err, ctx.log, { connection: "close" });
       }
       return;
     }
@@ -698,7 +725,8 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     },
     destroy() {
       http.destroy();
-      void auth.close();
+      // destroy, not close: close() waits for lookups in flight; and it is safe after close()
+      auth.destroy();
       void nc?.close();
     },
   };

@@ -47,6 +47,14 @@ const WORKER_OWNED = new Set(
   ].map((h) => h),
 );
 
+/**
+ * Client headers that end at the replica. `Expect: 100-continue` was met there (the replica's HTTP
+ * server sent the 100 before reading the body), and the worker already has the body in hand; undici
+ * also refuses any Expect header (NotSupportedError), which made every `curl --data-binary` upload
+ * over 1 MiB (curl adds the header above that size) a 502.
+ */
+const ENDS_AT_REPLICA = new Set(["expect"]);
+
 const ERROR_BODY_LIMIT = 64 * 1024;
 const SMALL_BODY = 64 * 1024;
 const PROGRESS_CHECK_MS = 250;
@@ -230,7 +238,8 @@ export class WorkItem {
     const out: Record<string, string | string[]> = {};
     for (const { key, value } of req.requestHeaders) {
       const lower = key.toLowerCase();
-      if (HOP_BY_HOP.has(lower) || WORKER_OWNED.has(lower) || listed.has(lower)) continue;
+      if (HOP_BY_HOP.has(lower) || WORKER_OWNED.has(lower) || ENDS_AT_REPLICA.has(lower) || listed.has(lower))
+        continue;
       const cur = out[lower];
       out[lower] = cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [cur, value];
     }

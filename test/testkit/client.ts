@@ -1,0 +1,53 @@
+// Small client-side helpers for invocation tests: what a client sends and how it reads what comes
+// back (problem bodies, polling for a condition with a deadline instead of sleeping).
+import assert from "node:assert/strict";
+import { setTimeout as sleep } from "node:timers/promises";
+
+/** A callplane request id: a UUID, version 8 (RFC 9562), RFC variant. */
+export const REQUEST_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+
+export interface ProblemBody {
+  type: string;
+  title: string;
+  status: number;
+  detail: string;
+  code?: string;
+  [extra: string]: unknown;
+}
+
+/** Reads a response that must be RFC 7807 problem+json with the given status. */
+export async function problemOf(res: Response, status: number): Promise<ProblemBody> {
+  const text = await res.text();
+  assert.equal(res.status, status, text);
+  assert.match(res.headers.get("content-type") ?? "", /^application\/problem\+json/, text);
+  const body = JSON.parse(text) as ProblemBody;
+  assert.equal(body.status, status, text);
+  assert.equal(typeof body.type, "string");
+  assert.equal(typeof body.detail, "string");
+  return body;
+}
+
+/** Polls `check` until it returns a value other than undefined, or fails after `timeoutMs`. */
+export async function waitFor<T>(
+  what: string,
+  check: () => Promise<T | undefined> | T | undefined,
+  { timeoutMs = 5000, intervalMs = 50 } = {},
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await check();
+      if (v !== undefined) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline)
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`, { cause: last });
+    await sleep(intervalMs);
+  }
+}
+
+export function bearer(key: string, extra: Record<string, string> = {}): Record<string, string> {
+  return { authorization: `Bearer ${key}`, ...extra };
+}

@@ -1,0 +1,349 @@
+// Child processes for end-to-end tests: callplane services started as `node dist/.../main.js` with
+// environment overrides (they report `ready` or `failed` on the IPC control channel), the example
+// inference server, and their memory read from /proc. Every process is stopped in t.after: SIGTERM,
+// then SIGKILL after a grace period. A plane's parts are stopped in reverse start order, so services
+// stop while nats-server is still there to drain to.
+import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { TestContext } from "node:test";
+import { parseChildMessage } from "../../src/lib/control.js";
+import { distRoot, startApi, startNats, tmpDir, type ApiFixture, type Nats } from "./index.js";
+import { deployFunction, workerEnv, type DeployedFunction } from "./plane.js";
+
+type Ctx = Pick<TestContext, "after">;
+type Hook = NonNullable<Parameters<TestContext["after"]>[0]>;
+
+export const scripts = {
+  invocation: join(distRoot, "src", "services", "invocation", "main.js"),
+  worker: join(distRoot, "src", "services", "worker", "main.js"),
+  exampleServer: join(distRoot, "examples", "inference-server.js"),
+} as const;
+
+/**
+ * A cleanup scope whose hooks run last-registered-first (node:test runs t.after hooks in
+ * registration order), inside one t.after of the test. Every hook runs; the first error is rethrown.
+ */
+export function reverseScope(t: Ctx): Ctx {
+  const hooks: Hook[] = [];
+  t.after(async (tc) => {
+    let failed: { err: unknown } | undefined;
+    for (const h of hooks.reverse()) {
+      try {
+        await h(tc, () => undefined);
+      } catch (err) {
+        failed ??= { err };
+      }
+    }
+    if (failed) throw failed.err;
+  });
+  return { after: (fn) => void (fn && hooks.push(fn)) };
+}
+
+export interface ProcessExit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export interface ChildHandle {
+  readonly name: string;
+  readonly child: ChildProcess;
+  readonly pid: number;
+  /** What the service reported with `ready` (empty for processes without a control channel). */
+  readonly urls: Record<string, string>;
+  /** Settles when the process has exited. */
+  readonly exited: Promise<ProcessExit>;
+  readonly running: boolean;
+  /** The last 64 KiB of its stdout and stderr, for failure messages. */
+  output(): string;
+  /** SIGTERM, then SIGKILL after graceMs. Resolves with how it exited. */
+  stop(graceMs?: number): Promise<ProcessExit>;
+  /** Sends a signal and resolves once the process has exited. */
+  kill(signal?: NodeJS.Signals): Promise<ProcessExit>;
+}
+
+const OUTPUT_TAIL = 64 * 1024;
+
+/** The test runner's environment without what would change a child's behaviour behind its back. */
+function baseEnv(): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (k.startsWith("CALLPLANE__") || k === "CALLPLANE_CONFIG" || k === "NODE_TEST_CONTEXT") continue;
+    if (k === "NODE_OPTIONS") continue;
+    env[k] = v;
+  }
+  return env;
+}
+
+function spawnChild(
+  t: Ctx,
+  name: string,
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  ipc: boolean,
+): { handle: ChildHandle; onLine: (fn: (line: string) => void) => void } {
+  const child = spawn(process.execPath, args, {
+    env: { ...baseEnv(), ...env },
+    stdio: ipc ? ["ignore", "pipe", "pipe", "ipc"] : ["ignore", "pipe", "pipe"],
+    serialization: "json",
+  });
+  let tail = "";
+  let partial = "";
+  const lineListeners: Array<(line: string) => void> = [];
+  const collect = (d: Buffer) => {
+    const s = d.toString();
+    tail = (tail + s).slice(-OUTPUT_TAIL);
+    partial += s;
+    let nl: number;
+    while ((nl = partial.indexOf("\n")) !== -1) {
+      const line = partial.slice(0, nl);
+      partial = partial.slice(nl + 1);
+      for (const f of lineListeners) f(line);
+    }
+    if (partial.length > OUTPUT_TAIL) partial = partial.slice(-OUTPUT_TAIL);
+  };
+  child.stdout!.on("data", collect);
+  child.stderr!.on("data", collect);
+  const exited = new Promise<ProcessExit>((resolve) => {
+    child.once("exit", (code, signal) => resolve({ code, signal }));
+    // a spawn failure never reaches "exit"
+    child.once("error", () => resolve({ code: null, signal: null }));
+  });
+  const running = () => child.exitCode === null && child.signalCode === null && child.pid !== undefined;
+  const handle: ChildHandle = {
+    name,
+    child,
+    pid: child.pid ?? -1,
+    urls: {},
+    exited,
+    get running() {
+      return running();
+    },
+    output: () => tail,
+    async kill(signal = "SIGKILL") {
+      if (running()) child.kill(signal);
+      return exited;
+    },
+    async stop(graceMs = 5000) {
+      if (!running()) return exited;
+      child.kill("SIGTERM");
+      const killer = setTimeout(() => child.kill("SIGKILL"), graceMs);
+      const r = await exited;
+      clearTimeout(killer);
+      return r;
+    },
+  };
+  t.after(() => handle.stop().then(() => undefined));
+  return { handle, onLine: (fn) => lineListeners.push(fn) };
+}
+
+/**
+ * Starts `node <script>` as a callplane service: waits for `ready` on the control channel (and its
+ * URLs), and fails with the child's output on `failed`, an early exit or a timeout.
+ */
+export async function startService(
+  t: Ctx,
+  name: string,
+  script: string,
+  env: NodeJS.ProcessEnv,
+  opts: { args?: string[]; readyTimeoutMs?: number } = {},
+): Promise<ChildHandle> {
+  const { handle } = spawnChild(t, name, [script, ...(opts.args ?? [])], env, true);
+  const { child } = handle;
+  const timeoutMs = opts.readyTimeoutMs ?? 20_000;
+  const urls = await new Promise<Record<string, string>>((resolve, reject) => {
+    let settled = false;
+    const fail = (why: string) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      child.kill("SIGKILL");
+      reject(new Error(`${name} ${why}\n--- output ---\n${handle.output()}`));
+    };
+    const timer = setTimeout(() => fail(`did not report ready within ${timeoutMs} ms`), timeoutMs);
+    child.on("message", (raw) => {
+      const msg = parseChildMessage(raw);
+      if ("invalid" in msg || settled) return;
+      if (msg.type === "ready") {
+        settled = true;
+        clearTimeout(timer);
+        resolve(msg.urls);
+      } else if (msg.type === "failed") {
+        fail(`failed to start (${msg.code}): ${msg.message}`);
+      }
+    });
+    void handle.exited.then((e) => fail(`exited during start (${e.signal ?? `code ${e.code}`})`));
+  });
+  Object.assign(handle.urls, urls);
+  return handle;
+}
+
+/** Starts the example inference server as a child on 127.0.0.1 and a port the kernel picks. */
+export async function startExampleProcess(
+  t: Ctx,
+): Promise<{ process: ChildHandle; port: number; url: string }> {
+  const { handle, onLine } = spawnChild(
+    t,
+    "inference-server",
+    [scripts.exampleServer, "--listen", "127.0.0.1:0"],
+    {},
+    false,
+  );
+  const port = await new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`the example server did not start\n${handle.output()}`)),
+      10_000,
+    );
+    onLine((line) => {
+      try {
+        const m = JSON.parse(line) as { msg?: string; port?: number };
+        if (m.msg === "example inference server listening" && m.port) {
+          clearTimeout(timer);
+          resolve(m.port);
+        }
+      } catch {
+        // not a JSON line
+      }
+    });
+    void handle.exited.then((e) => {
+      clearTimeout(timer);
+      reject(new Error(`the example server exited (${e.signal ?? e.code})\n${handle.output()}`));
+    });
+  });
+  return { process: handle, port, url: `http://127.0.0.1:${port}` };
+}
+
+/** Resident memory of a process in bytes (VmRSS in /proc/<pid>/status). */
+export function rssBytes(pid: number): number {
+  const m = /^VmRSS:\s+(\d+)\s+kB$/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  if (!m) throw new Error(`no VmRSS for process ${pid}`);
+  return Number(m[1]) * 1024;
+}
+
+export interface RssPeak {
+  baseline: number;
+  peak: number;
+  /** peak - baseline */
+  growth: number;
+  samples: number;
+}
+
+/** Samples the RSS of some processes every intervalMs until stop(); returns baseline and peak of each. */
+export function sampleRss(
+  pids: Record<string, number>,
+  intervalMs = 100,
+): { stop(): Record<string, RssPeak> } {
+  const stats: Record<string, RssPeak> = {};
+  const sample = () => {
+    for (const [name, pid] of Object.entries(pids)) {
+      let rss: number;
+      try {
+        rss = rssBytes(pid);
+      } catch {
+        continue; // exited
+      }
+      const s = (stats[name] ??= { baseline: rss, peak: rss, growth: 0, samples: 0 });
+      s.peak = Math.max(s.peak, rss);
+      s.growth = s.peak - s.baseline;
+      s.samples++;
+    }
+  };
+  sample();
+  const timer = setInterval(sample, intervalMs);
+  return {
+    stop() {
+      clearInterval(timer);
+      sample();
+      return stats;
+    },
+  };
+}
+
+export interface ProcessPlane {
+  nats: Nats;
+  api: ApiFixture;
+  fn: DeployedFunction;
+  inference: { process: ChildHandle; port: number; url: string };
+  invocation: ChildHandle;
+  /** The invocation replica's client-facing origin. */
+  invocationUrl: string;
+  workers: ChildHandle[];
+  invokeUrl(query?: string): string;
+  addWorker(env?: Record<string, string>): Promise<ChildHandle>;
+}
+
+export interface ProcessPlaneOptions {
+  inferenceUrl?: string;
+  workers?: number;
+  /** MAX_REQUEST_CONCURRENCY of each worker (and the deployment's). */
+  concurrency?: number;
+  /** JetStream ack wait, given to both the invocation service and the workers. */
+  ackWaitSeconds?: number;
+  invocationEnv?: Record<string, string>;
+  workerEnv?: Record<string, string>;
+}
+
+/**
+ * nats-server and the API (in this process), a deployed function, and as child processes: the
+ * example inference server, one invocation replica (POD_IP=127.0.0.1, port 0) and worker agents.
+ */
+export async function startProcessPlane(t: Ctx, opts: ProcessPlaneOptions = {}): Promise<ProcessPlane> {
+  const scope = reverseScope(t);
+  const dir = tmpDir(scope, "callplane-e2e-");
+  const nats = await startNats(scope);
+  const api = await startApi(scope);
+  const concurrency = opts.concurrency ?? 4;
+  const fn = await deployFunction(api, `e2e-${Math.random().toString(36).slice(2, 10)}`, {
+    inferenceUrl: opts.inferenceUrl ?? "/echo",
+    concurrency,
+  });
+  const inference = await startExampleProcess(scope);
+  const ackWait = String(opts.ackWaitSeconds ?? 30);
+  const invocation = await startService(scope, "invocation", scripts.invocation, {
+    POD_IP: "127.0.0.1",
+    CALLPLANE__GLOBAL__DATA_DIR: dir,
+    CALLPLANE__GLOBAL__REGION: "test",
+    CALLPLANE__LOG__LEVEL: "warn",
+    CALLPLANE__NATS__URL: nats.url,
+    CALLPLANE__NATS__CONSUMER__ACK_WAIT_SECONDS: ackWait,
+    CALLPLANE__API__URL: api.url,
+    CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
+    CALLPLANE__INVOCATION__PORT: "0",
+    ...opts.invocationEnv,
+  });
+  const invocationUrl = invocation.urls.invocation;
+  if (!invocationUrl)
+    throw new Error(`the invocation service reported no URL: ${JSON.stringify(invocation.urls)}`);
+  const workers: ChildHandle[] = [];
+  const plane: ProcessPlane = {
+    nats,
+    api,
+    fn,
+    inference,
+    invocation,
+    invocationUrl,
+    workers,
+    invokeUrl: (query = "") => `${invocationUrl}/v2/nvcf/pexec/functions/${fn.functionId}${query}`,
+    async addWorker(env = {}) {
+      const i = workers.length;
+      const w = await startService(
+        scope,
+        `worker-${i}`,
+        scripts.worker,
+        workerEnv(plane, join(dir, `responses-${i}`), {
+          NVCF_REGION: "test",
+          INSTANCE_ID: `e2e-${i}`,
+          MAX_REQUEST_CONCURRENCY: String(concurrency),
+          CALLPLANE_ACK_WAIT_SECONDS: ackWait,
+          CALLPLANE_LOG_LEVEL: "warn",
+          ...opts.workerEnv,
+          ...env,
+        }),
+      );
+      workers.push(w);
+      return w;
+    },
+  };
+  for (let i = 0; i < (opts.workers ?? 1); i++) await plane.addWorker();
+  return plane;
+}
