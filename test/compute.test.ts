@@ -441,6 +441,8 @@ test("compute agent as a process: main.js reads its token from auth.serviceToken
       `  url: ${api.url}`,
       "auth:",
       `  serviceTokenDir: ${api.serviceTokenDir}`,
+      "workerCallbackProxy:",
+      "  enabled: false",
       "compute:",
       "  listen: 127.0.30.2:0",
       `  instanceNetwork: ${CHILD_INSTANCE_NET}`,

@@ -21,6 +21,9 @@ interface StackJson {
   nats: string;
   compute: string;
   invocation: string[];
+  proxy?: string;
+  workerDomain?: string;
+  ca?: string;
   dataDir: string;
   logs: string;
   pid: number;
@@ -37,8 +40,15 @@ async function freePort(host: string): Promise<number> {
 
 /** Writes a config with its own addresses (services on `host`) and data folder; returns its path. */
 async function writeConfig(dir: string, host: string, podNetwork: string, instanceNetwork: string) {
-  const ports = [await freePort(host), await freePort(host), await freePort(host), await freePort(host)];
-  const [nats, api, issuer, compute] = ports;
+  const ports = [
+    await freePort(host),
+    await freePort(host),
+    await freePort(host),
+    await freePort(host),
+    await freePort(host),
+    await freePort(host),
+  ];
+  const [nats, api, issuer, compute, proxy, proxyMetrics] = ports;
   const file = join(dir, "callplane.yaml");
   writeFileSync(
     file,
@@ -56,6 +66,10 @@ async function writeConfig(dir: string, host: string, podNetwork: string, instan
       "invocation:",
       `  podNetwork: ${podNetwork}`,
       "  shutdownGraceSeconds: 10",
+      "workerCallbackProxy:",
+      `  listen: ${host}:${proxy}`,
+      `  metricsListen: ${host}:${proxyMetrics}`,
+      `  podNetworks: [${podNetwork}]`,
       "compute:",
       `  listen: ${host}:${compute}`,
       `  instanceNetwork: ${instanceNetwork}`,
@@ -64,7 +78,7 @@ async function writeConfig(dir: string, host: string, podNetwork: string, instan
       "",
     ].join("\n"),
   );
-  return { file, dataDir: join(dir, "data"), ports: { nats, api, issuer, compute } };
+  return { file, dataDir: join(dir, "data"), ports: { nats, api, issuer, compute, proxy } };
 }
 
 /**
@@ -255,12 +269,35 @@ test("local stack", async (t) => {
         assert.deepEqual(r.body, payload);
         assert.ok(r.headers.get("nvcf-reqid"));
       }
+      // the demo's workers called back through the callback proxy, to the replica holding each request
+      assert.equal(info.proxy, `https://127.0.40.1:${cfg.ports.proxy}`);
+      assert.equal(info.workerDomain, "worker.callplane.test");
+      assert.ok(info.ca && existsSync(info.ca), "stack.json names the stack CA file");
+      const accessLog = await waitFor(
+        "callbacks to both replicas in the proxy's access log",
+        () => {
+          const lines = readFileSync(join(cfg.dataDir, "logs", "callback-proxy.log"), "utf8")
+            .split("\n")
+            .filter((l) => l.includes('"msg":"callback"'))
+            .map((l) => JSON.parse(l) as { target: string; status: number; outcome: string });
+          const pods = new Set(
+            lines.filter((l) => l.outcome === "forwarded" && l.status === 200).map((l) => l.target),
+          );
+          return pods.has("127-0-41-1.invocation.nvcf.svc.cluster.local") &&
+            pods.has("127-0-41-2.invocation.nvcf.svc.cluster.local")
+            ? lines
+            : undefined;
+        },
+        10_000,
+      );
+      assert.ok(accessLog.length >= 2);
       for (const service of [
         "nats-server",
         "api",
         "admin-issuer",
         "invocation-1",
         "invocation-2",
+        "callback-proxy",
         "compute",
       ]) {
         const log = join(cfg.dataDir, "logs", `${service}.log`);

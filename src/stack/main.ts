@@ -67,10 +67,26 @@ async function main(): Promise<void> {
   replicaIps.forEach((ip, i) =>
     addresses.push([`invocation-${i + 1}`, { host: ip, port: config.invocation.port }]),
   );
+  const proxy = config.workerCallbackProxy;
+  if (proxy.enabled) {
+    addresses.push(
+      ["callback-proxy", parseHostPort(proxy.listen)],
+      ["callback-proxy metrics", parseHostPort(proxy.metricsListen)],
+    );
+    if (proxy.invocation.upstreamTls.enabled) {
+      replicaIps.forEach((ip, i) =>
+        addresses.push([
+          `invocation-${i + 1} worker TLS`,
+          { host: ip, port: proxy.invocation.workerTlsPort },
+        ]),
+      );
+    }
+  }
   addresses.push(["compute", parseHostPort(config.compute.listen)]);
   await stack.preflight(addresses);
   say(`starting a local stack in ${stack.dataDir}`);
   stack.prepareSecrets();
+  await stack.preparePki(replicaIps);
 
   const nats = config.nats.server.enabled ? await stack.startNats() : config.nats.url;
   say(`nats-server   ${nats}`);
@@ -86,6 +102,13 @@ async function main(): Promise<void> {
     const urls = await stack.startService(`invocation-${i + 1}`, "invocation", { POD_IP: ip });
     invocation.push(urls.invocation);
     say(`invocation-${i + 1}  ${urls.invocation}   (workers call back at ${urls.target})`);
+  }
+  let proxyUrl: string | undefined;
+  if (proxy.enabled) {
+    proxyUrl = (await stack.startService("callback-proxy", "callback-proxy")).proxy!;
+    say(
+      `callback-proxy ${proxyUrl}   (workers reach it as ${config.global.workerEndpoints.invocationProxyURL}; access log in logs/callback-proxy.log)`,
+    );
   }
   // instances created from now on are this start's own: rows left by a stack that was killed
   // without stopping may still say ACTIVE
@@ -115,6 +138,7 @@ async function main(): Promise<void> {
     compute,
     invocation,
     grpc: [],
+    ...(proxyUrl ? { proxy: proxyUrl, workerDomain: proxy.workerDomain, ca: config.pki.caCertFile } : {}),
     dataDir: stack.dataDir,
     logs: stack.logDir,
     startedAt: new Date().toISOString(),

@@ -6,6 +6,7 @@ import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib/auth.js";
+import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
 import type { Config } from "../lib/config.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
 import { parseHostPort, type HostPort } from "../lib/net.js";
@@ -118,6 +119,32 @@ export class LocalStack {
     const { created } = ensureAdminKeyPair(config.auth.adminSigningKeyFile, config.auth.adminPublicKeyFile);
     if (created) this.opts.say(`generated the admin signing key in ${config.auth.adminSigningKeyFile}`);
     ensureServiceTokens(config.auth.serviceTokenDir);
+  }
+
+  /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */
+  async preparePki(replicaIps: string[]): Promise<void> {
+    const { config } = this.opts;
+    const p = config.workerCallbackProxy;
+    if (!p.enabled) return;
+    const ca = await ensureCa({
+      dir: config.pki.dir,
+      caCertFile: config.pki.caCertFile,
+      caKeyFile: config.pki.caKeyFile,
+    });
+    if (ca.created) this.opts.say(`generated the stack CA in ${config.pki.caCertFile}`);
+    const certs = stackCertificates({
+      pkiDir: config.pki.dir,
+      serviceDomain: config.global.serviceDomain,
+      workerDomain: p.workerDomain,
+      proxyEnabled: true,
+      upstreamTls: p.invocation.upstreamTls.enabled,
+      frontendCertFile: p.tls.frontend.certFile,
+      replicaIps,
+    });
+    for (const c of certs) {
+      if ((await ensureServerCert(c.folder, ca, c.dnsNames)) === "issued")
+        this.opts.say(`issued the ${c.name} certificate (${c.dnsNames.join(", ")})`);
+    }
   }
 
   private childEnv(extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {

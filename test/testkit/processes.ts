@@ -309,6 +309,8 @@ export async function startProcessPlane(t: Ctx, opts: ProcessPlaneOptions = {}):
     CALLPLANE__API__URL: api.url,
     CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
     CALLPLANE__INVOCATION__PORT: "0",
+    // workers here call the replica straight at its pod address; the proxy has its own tests
+    CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "false",
     ...opts.invocationEnv,
   });
   const invocationUrl = invocation.urls.invocation;

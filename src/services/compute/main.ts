@@ -1,8 +1,29 @@
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Config } from "../../lib/config.js";
+import { TLS_FILES } from "../../lib/pki.js";
 import { hostname } from "node:os";
 import { readServiceToken } from "../../lib/auth.js";
 import { parseHostPort } from "../../lib/net.js";
 import { runService } from "../../lib/service-main.js";
 import { createComputeAgent } from "./agent.js";
+
+/**
+ * What workers need to call back through the callback proxy on this machine: its name mapped to its
+ * address (no DNS serves *.<workerDomain> here), and the stack CA when the proxy's certificate
+ * comes from it.
+ */
+function workerProxyEnv(config: Config): Record<string, string> {
+  const p = config.workerCallbackProxy;
+  if (!p.enabled) return {};
+  const host = new URL(config.global.workerEndpoints.invocationProxyURL).hostname;
+  const env: Record<string, string> = {
+    CALLPLANE_WORKER_HOST_MAP: `${host}=${parseHostPort(p.listen).host}`,
+  };
+  if (p.tls.frontend.certFile === join(config.pki.dir, "proxy", TLS_FILES.cert))
+    env.NVCF_PROXY_CA_PEM = readFileSync(config.pki.caCertFile, "utf8");
+  return env;
+}
 
 runService(
   "compute",
@@ -28,7 +49,7 @@ runService(
           maxMs: config.compute.restartBackoff.maxSeconds * 1000,
         },
         logLevel: config.log.level,
-        workerExtraEnv: {},
+        workerExtraEnv: workerProxyEnv(config),
       },
       logger,
     });

@@ -1,4 +1,6 @@
+import { join } from "node:path";
 import { readServiceToken } from "../../lib/auth.js";
+import { TLS_FILES, invocationCertFolder } from "../../lib/pki.js";
 import { runService } from "../../lib/service-main.js";
 import { createInvocationService } from "./service.js";
 
@@ -11,6 +13,9 @@ runService(
       throw new Error(
         "POD_IP is not set: the invocation service listens on its pod's own address (the local stack sets POD_IP per replica)",
       );
+    const proxy = config.workerCallbackProxy;
+    const upstreamTls = proxy.enabled && proxy.invocation.upstreamTls.enabled;
+    const certs = invocationCertFolder(config.pki.dir, host);
     const service = createInvocationService({
       listen: { host, port: config.invocation.port },
       region: config.global.region,
@@ -25,6 +30,15 @@ runService(
       statusRequestTimeoutMs: config.invocation.statusRequestTimeoutSeconds * 1000,
       authCache: config.invocation.authCache,
       queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
+      workerTls: upstreamTls
+        ? {
+            port: proxy.invocation.workerTlsPort,
+            certFile: join(certs, TLS_FILES.cert),
+            keyFile: join(certs, TLS_FILES.key),
+          }
+        : undefined,
+      proxyUri: proxy.enabled ? config.global.workerEndpoints.invocationProxyURL : undefined,
+      relay: { enabled: config.invocation.relay.enabled, idleMs: proxy.timeouts.idleSeconds * 1000 },
       logger,
     });
     const url = await service.listen();

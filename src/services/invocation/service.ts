@@ -11,12 +11,15 @@ import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
+import type { Server as HttpsServer } from "node:https";
 import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
 import { CallplaneError } from "../../lib/errors.js";
 import { H1_CONTENT_TYPE, FramingError } from "../../lib/h1.js";
 import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
 import { Router, bearerToken, createHttpService, sendProblem, type RequestContext } from "../../lib/http.js";
 import { holderHex, isUuid, newHolderId, newRequestId, newToken } from "../../lib/ids.js";
+import { ReplicaRegistry } from "../../lib/registry.js";
+import { TlsReloader } from "../../lib/tls-reload.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import {
   Counter,
@@ -36,6 +39,7 @@ import {
 } from "../../lib/queue.js";
 import { PumpLimitError, pump, readFramedHead, readPrefix } from "../../lib/stream.js";
 import { AuthCache, type Grant, type GrantVersion } from "./auth-cache.js";
+import { RELAYED_HEADER, Relay } from "./relay.js";
 import { isIPv4 } from "node:net";
 
 export interface InvocationServiceOptions {
@@ -60,6 +64,17 @@ export interface InvocationServiceOptions {
   logger?: Logger;
   registry?: Registry;
   holderId?: number;
+  /**
+   * Worker callbacks through the callback proxy: a TLS listener for the attach routes, with the
+   * pod certificate (reloaded when its files change); its port goes into the pod address.
+   */
+  workerTls?: { port: number; certFile: string; keyFile: string } | undefined;
+  /** The port named in the pod address when it is not the TLS listener's or the plain one's. */
+  callbackPort?: number | undefined;
+  /** Handed to workers as proxyURI: the callback proxy's address. */
+  proxyUri?: string | undefined;
+  /** Relay callbacks for requests held elsewhere (found through the replica registry). */
+  relay?: { enabled: boolean; registryTtlMs?: number; idleMs?: number };
 }
 
 type PendingState = "queued" | "responding" | "done";
@@ -89,7 +104,14 @@ interface PollRecord {
 }
 
 const MAX_DIRECT_RESPONSE = 5 * 1024 * 1024;
-const DROP_TO_WORKER = new Set(["authorization", "host", "nvcf-poll-seconds", "nvcf-invocation-region"]);
+// Expect: this replica already answered it; the worker has the whole body to send
+const DROP_TO_WORKER = new Set([
+  "authorization",
+  "host",
+  "nvcf-poll-seconds",
+  "nvcf-invocation-region",
+  "expect",
+]);
 
 function nvcfStatus(status: number): string {
   if (status === 202) return "in-progress";
@@ -160,6 +182,14 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
   let pollKv: Promise<KV> | undefined;
   let targetUri = "";
   const tokens = new Map<string, { kind: "request" | "response"; pending: Pending }>();
+  // An attach token names the replica that holds it (the one that minted it: for a status poll,
+  // the polling replica, not the request's first holder), so a callback that lands elsewhere can be
+  // relayed to it: <holder hex>.<192 random bits>.
+  const tokenPrefix = `${holderHex(holderId)}.`;
+  const attachToken = () => tokenPrefix + newToken();
+  let replicas: ReplicaRegistry | undefined;
+  let relay: Relay | undefined;
+  let tlsReloader: TlsReloader | undefined;
   const pendings = new Set<Pending>();
 
   function pollWindow(req: IncomingMessage): number {
@@ -305,6 +335,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
                 case: "http1Config",
                 value: {
                   targetURI: targetUri,
+                  ...(opts.proxyUri ? { proxyURI: opts.proxyUri } : {}),
                   responseAuthorizationToken: p.responseToken,
                   ...(p.requestToken ? { requestAuthorizationToken: p.requestToken } : {}),
                 },
@@ -378,8 +409,8 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       clientReq: req,
       clientRes: res,
       leftover: body.rest,
-      requestToken: complete ? undefined : newToken(),
-      responseToken: newToken(),
+      requestToken: complete ? undefined : attachToken(),
+      responseToken: attachToken(),
       state: "queued",
       timer: undefined,
       poll: false,
@@ -433,7 +464,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       clientRes: res,
       leftover: undefined,
       requestToken: undefined,
-      responseToken: newToken(),
+      responseToken: attachToken(),
       state: "queued",
       timer: undefined,
       poll: true,
@@ -462,9 +493,9 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
 
   /** GET /v2/nvcf/worker/request-attach: the worker fetches the body beyond the inline part. */
   async function attachRequest(ctx: RequestContext): Promise<void> {
-    const { req, res } = ctx;
-    const entry = takeToken(req, "request");
-    const p = entry.pending;
+    const { res } = ctx;
+    const p = await claim(ctx, "request");
+    if (!p) return;
     if (p.state === "done" || p.clientRes.destroyed) {
       attaches.inc({ kind: "request", result: "client_gone" });
       throw new CallplaneError("CLIENT_GONE", `the client of request ${p.requestId} went away`);
@@ -482,7 +513,12 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     }
   }
 
-  function takeToken(req: IncomingMessage, kind: "request" | "response") {
+  /**
+   * The pending request an attach token belongs to. A token this replica did not mint, naming
+   * another live replica, is relayed there (and undefined returned); anything else is refused.
+   */
+  async function claim(ctx: RequestContext, kind: "request" | "response"): Promise<Pending | undefined> {
+    const { req, res } = ctx;
     let token: string;
     try {
       token = bearerToken(req);
@@ -494,22 +530,34 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       );
     }
     const entry = tokens.get(token);
-    if (!entry || entry.kind !== kind) {
-      attaches.inc({ kind, result: "bad_token" });
-      throw new CallplaneError(
-        "ATTACH_TOKEN_INVALID",
-        "The provided authorization token is invalid or has expired",
-      );
+    if (entry && entry.kind === kind) {
+      tokens.delete(token);
+      return entry.pending;
     }
-    tokens.delete(token);
-    return entry;
+    const holder = /^([0-9a-f]{8})\./.exec(token);
+    if (
+      !entry &&
+      relay &&
+      holder &&
+      !token.startsWith(tokenPrefix) &&
+      req.headers[RELAYED_HEADER] === undefined
+    ) {
+      attaches.inc({ kind, result: "relayed" });
+      await relay.forward(req, res, Number.parseInt(holder[1], 16));
+      return undefined;
+    }
+    attaches.inc({ kind, result: "bad_token" });
+    throw new CallplaneError(
+      "ATTACH_TOKEN_INVALID",
+      "The provided authorization token is invalid or has expired",
+    );
   }
 
   /** POST /v2/nvcf/worker/request-attach: the worker streams the framed answer to the waiting client. */
   async function attachResponse(ctx: RequestContext): Promise<void> {
     const { req, res } = ctx;
-    const entry = takeToken(req, "response");
-    const p = entry.pending;
+    const p = await claim(ctx, "response");
+    if (!p) return;
     if (p.state === "done" || p.clientRes.destroyed) {
       attaches.inc({ kind: "response", result: "client_gone" });
       throw new CallplaneError(
@@ -680,14 +728,49 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     .add("GET", "/v2/nvcf/worker/request-attach", attachRequest, { duringDrain: true })
     .add("POST", "/v2/nvcf/worker/request-attach", attachResponse, { duringDrain: true });
 
+  const ready = () => nc !== undefined && !nc.isClosed();
   const http = createHttpService({
     name: "invocation",
     listen: opts.listen,
     logger,
     registry,
     router,
-    ready: () => nc !== undefined && !nc.isClosed(),
+    ready,
   });
+  // With the callback proxy, workers' callbacks arrive on a TLS listener of their own, which serves
+  // nothing but the attach routes.
+  const workerRouter = new Router()
+    .add("GET", "/v2/nvcf/worker/request-attach", attachRequest, { duringDrain: true })
+    .add("POST", "/v2/nvcf/worker/request-attach", attachResponse, { duringDrain: true });
+  let workerHttp: ReturnType<typeof createHttpService> | undefined;
+  if (opts.workerTls) {
+    tlsReloader = new TlsReloader(
+      "invocation-worker-listener",
+      { certFile: opts.workerTls.certFile, keyFile: opts.workerTls.keyFile },
+      (m) =>
+        (workerHttp?.server as HttpsServer | undefined)?.setSecureContext({
+          cert: m.cert,
+          key: m.key,
+          minVersion: "TLSv1.2",
+        }),
+      logger,
+      registry,
+    );
+    workerHttp = createHttpService({
+      name: "invocation-worker-tls",
+      listen: { host: opts.listen.host, port: opts.workerTls.port },
+      logger,
+      registry: createRegistry("invocation-worker-tls", { defaultMetrics: false }),
+      router: workerRouter,
+      tls: {
+        cert: tlsReloader.material.cert,
+        key: tlsReloader.material.key,
+        minVersion: "TLSv1.2",
+        ALPNProtocols: ["http/1.1"],
+      },
+      ready,
+    });
+  }
 
   return {
     get targetUri() {
@@ -700,6 +783,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       js = jetstream(nc);
       queues = new WorkQueues(nc, opts.region, opts.queue);
       const url = await http.listen();
+      const tlsUrl = await workerHttp?.listen();
       if (opts.selfAddress) {
         targetUri = opts.selfAddress.replace(/\/+$/, "");
       } else {
@@ -708,23 +792,46 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
             `cannot build the pod address from listen host ${opts.listen.host}: listen on the pod's IPv4 address (POD_IP) or set invocation.selfAddress`,
           );
         }
-        targetUri = `http://${dashIp(opts.listen.host)}.invocation.${opts.serviceDomain}:${url.port}`;
+        const port = opts.callbackPort ?? (tlsUrl ? tlsUrl.port : url.port);
+        // the scheme stays http even with TLS to the pod: the worker never dials the pod itself, it
+        // sends a forward-proxy request to the callback proxy, which opens TLS to the pod
+        targetUri = `http://${dashIp(opts.listen.host)}.invocation.${opts.serviceDomain}:${port}`;
       }
-      logger.info({ targetUri, holder: holderHex(holderId) }, "workers call back at the pod address");
+      if (opts.relay?.enabled) {
+        replicas = new ReplicaRegistry(
+          nc,
+          { holder: holderId, relayUrl: url.origin },
+          logger,
+          opts.relay.registryTtlMs,
+        );
+        await replicas.start();
+        relay = new Relay(replicas, holderId, opts.relay.idleMs ?? 300_000, logger);
+      }
+      logger.info(
+        { targetUri, proxyUri: opts.proxyUri, holder: holderHex(holderId), relay: !!relay },
+        "workers call back at the pod address",
+      );
       return url;
     },
     async close(graceMs = 30_000) {
-      await http.close(graceMs);
+      // leave the registry first: no replica should relay new callbacks here while it drains
+      await replicas?.close();
+      await Promise.all([http.close(graceMs), workerHttp?.close(graceMs)]);
       for (const p of [...pendings]) {
         cancel(p, "replica stopping");
         p.clientRes.destroy();
         release(p);
       }
+      tlsReloader?.close();
+      await relay?.close();
       await auth.close();
       await nc?.drain().catch(() => undefined);
     },
     destroy() {
       http.destroy();
+      workerHttp?.destroy();
+      tlsReloader?.close();
+      relay?.destroy();
       // destroy, not close: close() waits for lookups in flight; and it is safe after close()
       auth.destroy();
       void nc?.close();

@@ -3,6 +3,7 @@
 // the message names a callback proxy, as forward-proxy requests inside TLS to that proxy.
 import { lookup as dnsLookup, type LookupAddress, type LookupOptions } from "node:dns";
 import type { Readable } from "node:stream";
+import { rootCertificates } from "node:tls";
 import { Agent, type Dispatcher } from "undici";
 import { H1_CONTENT_TYPE } from "../../lib/h1.js";
 import { undashIp } from "../../lib/net.js";
@@ -44,6 +45,13 @@ export interface CallbackTarget {
   proxyUri?: string | undefined;
 }
 
+interface Route {
+  origin: string;
+  path: string;
+  /** Extra request options: the Host header naming the pod, the TLS name of the proxy. */
+  extra: { headers: Record<string, string>; servername?: string };
+}
+
 export class CallbackClient {
   readonly agent: Agent;
 
@@ -53,30 +61,41 @@ export class CallbackClient {
       connections: 256,
       connect: {
         lookup: podAwareLookup(opts.hostMap, opts.serviceDomain),
-        ...(opts.caPem ? { ca: opts.caPem } : {}),
+        // NVCF_PROXY_CA_PEM extends the system's roots rather than replacing them, so a proxy with
+        // a public certificate still verifies
+        ...(opts.caPem ? { ca: [...rootCertificates, opts.caPem] } : {}),
       },
     });
   }
 
-  private route(t: CallbackTarget): { origin: string; path: string } {
+  private route(t: CallbackTarget): Route {
+    const target = new URL(t.targetUri);
     if (t.proxyUri) {
-      // Forward-proxy request: absolute-form target inside the TLS session to the proxy (not CONNECT).
-      return { origin: new URL(t.proxyUri).origin, path: `${t.targetUri.replace(/\/+$/, "")}${ATTACH_PATH}` };
+      // A forward-proxy request: absolute-form target inside the TLS session to the proxy (not a
+      // CONNECT tunnel). The Host header names the pod, as the target does; the TLS session is with
+      // the proxy, so its name is given explicitly (undici would otherwise take it from Host).
+      const proxy = new URL(t.proxyUri);
+      return {
+        origin: proxy.origin,
+        path: `${t.targetUri.replace(/\/+$/, "")}${ATTACH_PATH}`,
+        extra: { headers: { host: target.host }, servername: proxy.hostname },
+      };
     }
-    return { origin: new URL(t.targetUri).origin, path: ATTACH_PATH };
+    return { origin: target.origin, path: ATTACH_PATH, extra: { headers: {} } };
   }
 
   /** GET request-attach: the rest of the request body. Headers must arrive within 5 s (contract §3.6). */
   fetchBody(t: CallbackTarget, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
-    const { origin, path } = this.route(t);
+    const { origin, path, extra } = this.route(t);
     return this.agent.request({
       origin,
       path,
       method: "GET",
-      headers: { authorization: `Bearer ${t.token}`, accept: "application/octet-stream" },
+      headers: { authorization: `Bearer ${t.token}`, accept: "application/octet-stream", ...extra.headers },
       signal,
       headersTimeout: 5_000,
       bodyTimeout: 0,
+      ...(extra.servername ? ({ servername: extra.servername } as object) : {}),
     });
   }
 
@@ -87,7 +106,7 @@ export class CallbackClient {
     length: number | undefined,
     signal: AbortSignal,
   ): Promise<Dispatcher.ResponseData> {
-    const { origin, path } = this.route(t);
+    const { origin, path, extra } = this.route(t);
     return this.agent.request({
       origin,
       path,
@@ -96,11 +115,13 @@ export class CallbackClient {
         authorization: `Bearer ${t.token}`,
         "content-type": H1_CONTENT_TYPE,
         ...(length !== undefined ? { "content-length": String(length) } : {}),
+        ...extra.headers,
       },
       body,
       signal,
       headersTimeout: 0,
       bodyTimeout: 0,
+      ...(extra.servername ? ({ servername: extra.servername } as object) : {}),
     });
   }
 

@@ -1,5 +1,6 @@
 // The worker agent is configured by environment, with the names the NVCF contract gives workers
 // (§3.1) where they apply, plus a few callplane additions (marked) for running on one machine.
+import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { ConfigError } from "../../lib/config.js";
 import { parseHostPort } from "../../lib/net.js";
@@ -107,6 +108,21 @@ export function isoDurationMs(text: string): number {
   return ((Number(m[1] ?? 0) * 60 + Number(m[2] ?? 0)) * 60 + Number(m[3] ?? 0)) * 1000;
 }
 
+/** NVCF_PROXY_CA_PEM plus the PEM files NVCF_PROXY_CA_FILE lists (colon-separated). */
+function proxyCa(pem: string, files: string): string {
+  const parts = pem.trim() ? [pem.trim()] : [];
+  for (const f of files.split(":").filter(Boolean)) {
+    try {
+      parts.push(readFileSync(f, "utf8").trim());
+    } catch (err) {
+      throw new ConfigError("worker environment", [
+        `NVCF_PROXY_CA_FILE: cannot read ${f}: ${(err as Error).message}`,
+      ]);
+    }
+  }
+  return parts.join("\n");
+}
+
 export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): WorkerConfig {
   const r = envSchema.safeParse(env);
   if (!r.success)
@@ -146,7 +162,7 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     concurrency: e.MAX_REQUEST_CONCURRENCY,
     healthListen: { host: e.HEALTH_HOST, port: e.HEALTH_PORT },
     responseDir: e.BASE_RESPONSE_DIR,
-    proxyCaPem: e.NVCF_PROXY_CA_PEM,
+    proxyCaPem: proxyCa(e.NVCF_PROXY_CA_PEM, e.NVCF_PROXY_CA_FILE),
     serviceDomain: e.NVCF_SERVICE_DOMAIN.toLowerCase(),
     hostMap: e.CALLPLANE_WORKER_HOST_MAP,
     keepAliveMs: e.CALLPLANE_KEEPALIVE_SECONDS * 1000,

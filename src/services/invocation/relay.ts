@@ -1,0 +1,94 @@
+// The replica relay: a worker callback that reaches a replica that does not hold the request (a
+// shared, load-balanced callback address; an old pod address) is forwarded to the replica that
+// does, instead of being dropped. The holder is named by the request id inside the attach token;
+// its address comes only from the registry of live replicas, never from the callback. A relayed
+// callback carries a marker so that it is never relayed a second time.
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { Agent } from "undici";
+import { CallplaneError } from "../../lib/errors.js";
+import { forward, forwardHeaders } from "../../lib/forward.js";
+import { holderHex } from "../../lib/ids.js";
+import type { Logger } from "../../lib/log.js";
+import type { ReplicaRegistry } from "../../lib/registry.js";
+
+export const RELAYED_HEADER = "x-callplane-relayed";
+export const ATTACH_PATH = "/v2/nvcf/worker/request-attach";
+const PROTECTED = new Set(["authorization", "content-type", "content-length", "accept"]);
+const DROP = new Set(["host", RELAYED_HEADER]);
+
+function errorCode(err: Error | undefined): string | undefined {
+  return err && "code" in err && typeof err.code === "string" ? err.code : undefined;
+}
+
+export class Relay {
+  private readonly agent = new Agent({ keepAliveTimeout: 30_000, connections: 64 });
+
+  constructor(
+    private readonly registry: ReplicaRegistry,
+    private readonly self: number,
+    private readonly idleMs: number,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Forwards the callback to the replica that holds it; throws HOLDER_GONE when there is none. */
+  async forward(req: IncomingMessage, res: ServerResponse, holder: number): Promise<void> {
+    const started = performance.now();
+    const entry = await this.registry.lookup(holder);
+    if (!entry) {
+      throw new CallplaneError(
+        "HOLDER_GONE",
+        `the replica ${holderHex(holder)} that holds this request is not in the registry of live replicas (it stopped or crashed); give up on this request`,
+      );
+    }
+    const headers = forwardHeaders(req, PROTECTED, DROP);
+    headers[RELAYED_HEADER] = holderHex(this.self);
+    const r = await forward(req, res, {
+      dispatcher: this.agent,
+      origin: entry.relayUrl,
+      path: ATTACH_PATH,
+      headers,
+      idleMs: this.idleMs,
+      onFailure: (out, result) => {
+        const refused = errorCode(result.error) === "ECONNREFUSED";
+        const e = refused
+          ? new CallplaneError(
+              "HOLDER_GONE",
+              `the replica ${holderHex(holder)} that holds this request no longer answers at ${entry.relayUrl}; give up on this request`,
+            )
+          : new CallplaneError(
+              result.outcome === "upstream_timeout" ? "UPSTREAM_TIMEOUT" : "UPSTREAM_UNAVAILABLE",
+              `relaying to the replica ${holderHex(holder)} failed: ${result.reason ?? result.error?.message ?? "unknown error"}`,
+            );
+        result.status = e.status;
+        const text = JSON.stringify(e.toProblem());
+        out.writeHead(e.status, {
+          "content-type": "application/problem+json",
+          "content-length": Buffer.byteLength(text),
+        });
+        out.end(text);
+      },
+    });
+    this.logger.info(
+      {
+        holder: holderHex(holder),
+        to: entry.relayUrl,
+        method: req.method,
+        status: r.status,
+        outcome: r.outcome,
+        bytesIn: r.bytesIn,
+        bytesOut: r.bytesOut,
+        durationMs: Math.round(performance.now() - started),
+        ...(r.reason ? { reason: r.reason } : {}),
+      },
+      "relayed a callback to the replica that holds it",
+    );
+  }
+
+  close(): Promise<void> {
+    return this.agent.close();
+  }
+
+  destroy(): void {
+    void this.agent.destroy();
+  }
+}
