@@ -49,6 +49,8 @@ export async function benchInvoke(o: InvokeBenchOptions): Promise<Record<string,
       CALLPLANE__AUTH__ADMIN_SIGNING_KEY_FILE: keyFile,
       CALLPLANE__AUTH__ADMIN_PUBLIC_KEY_FILE: join(dir, "keys", "admin.pub.pem"),
       CALLPLANE__GLOBAL__REGION: "bench",
+      // the in-cluster path: workers call the replica at its pod address (bench/proxy.ts measures the proxy)
+      CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "false",
     };
     await start(
       "api",
