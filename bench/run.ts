@@ -3,6 +3,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchInvoke } from "./invoke.js";
+import { benchProxy } from "./proxy.js";
 
 function flag(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -37,8 +38,51 @@ async function main(): Promise<void> {
     console.log(
       `  throughput, ${flag("connections", 64)} clients: direct ${Math.round(t.direct.rps)}/s | callplane ${Math.round(t.callplane.rps)}/s (errors ${t.callplane.errors}, non-2xx ${t.callplane.non2xx}) | ratio ${t.ratio}`,
     );
+  } else if (which === "proxy") {
+    result = await benchProxy({
+      seconds: flag("seconds", 8),
+      connections: flag("connections", 50),
+      largeBytes: flag("large-bytes", 1024 * 1024),
+      rounds: flag("rounds", 2),
+    });
+    const r = result.results as Record<
+      string,
+      Record<
+        string,
+        {
+          rps: number;
+          p50ms: number;
+          p99ms: number;
+          mbPerSec: number;
+          errors: number;
+          cpuUsPerRequest?: number;
+        }
+      >
+    >;
+    const row = (
+      scenario: string,
+      metric: (x: {
+        rps: number;
+        p50ms: number;
+        p99ms: number;
+        mbPerSec: number;
+        errors: number;
+        cpuUsPerRequest?: number;
+      }) => string,
+    ) => ["direct", "haproxy", "callplane"].map((k) => `${k} ${metric(r[scenario][k])}`).join(" | ");
+    console.log(`\nproxy benchmark (TLS to the proxy, TLS to the pod), ${String(result.machine)}`);
+    console.log(
+      `  small callbacks (POST 100 B, ${flag("connections", 50)} connections): ${row("small", (x) => `${Math.round(x.rps)}/s p50 ${x.p50ms} ms p99 ${x.p99ms} ms${x.cpuUsPerRequest !== undefined ? ` cpu ${x.cpuUsPerRequest} us/req` : ""}${x.errors ? ` errors ${x.errors}` : ""}`)}`,
+    );
+    console.log(
+      `  large responses (GET ${flag("large-bytes", 1024 * 1024)} B, 8 connections): ${row("largeDown", (x) => `${Math.round(x.mbPerSec)} MB/s${x.errors ? ` errors ${x.errors}` : ""}`)}`,
+    );
+    console.log(
+      `  large uploads (POST ${flag("large-bytes", 1024 * 1024)} B, 8 connections): ${row("largeUp", (x) => `${Math.round((x.rps * flag("large-bytes", 1024 * 1024)) / 2 ** 20)} MB/s${x.errors ? ` errors ${x.errors}` : ""}`)}`,
+    );
+    console.log(`  ratios vs HAProxy: ${JSON.stringify(result.ratios)}`);
   } else {
-    throw new Error(`unknown benchmark ${which}; use invoke`);
+    throw new Error(`unknown benchmark ${which}; use invoke or proxy`);
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");
   mkdirSync(dir, { recursive: true });

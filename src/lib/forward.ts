@@ -86,16 +86,30 @@ export function forward(
     let controller: Dispatcher.DispatchController | undefined;
     let done = false;
     const hasBody = req.method !== "GET" && req.method !== "HEAD";
-    const idle = setTimeout(() => {
+    const declared =
+      req.headers["content-length"] === undefined ? undefined : Number(req.headers["content-length"]);
+    const socket = req.socket;
+    const readAtStart = socket.bytesRead;
+    // Idleness is judged from the client socket's byte counters (both directions) and the bytes
+    // passed back, checked when the timer fires, rather than by work on every chunk.
+    let lastActivity = -1;
+    const activity = () => socket.bytesRead + socket.bytesWritten + result.bytesOut;
+    const idle = setInterval(() => {
+      const now = activity();
+      if (now !== lastActivity) {
+        lastActivity = now;
+        return;
+      }
       result.outcome = "upstream_timeout";
       result.reason = `no bytes moved in either direction for ${opts.idleMs / 1000} s`;
       controller?.abort(new Error(result.reason));
     }, opts.idleMs);
-    const touch = () => idle.refresh();
+    lastActivity = activity();
     const finish = () => {
       if (done) return;
       done = true;
-      clearTimeout(idle);
+      clearInterval(idle);
+      result.bytesIn = declared ?? Math.max(0, socket.bytesRead - readAtStart);
       resolve(result);
     };
     res.once("close", () => {
@@ -116,30 +130,27 @@ export function forward(
       opts.onFailure(res, result);
       req.resume();
     };
-    const body = (first: Buffer | null) =>
-      (async function* () {
-        if (first) {
-          result.bytesIn += first.length;
-          yield first;
-        }
-        for await (const chunk of req as AsyncIterable<Buffer>) {
-          result.bytesIn += chunk.length;
-          touch();
-          yield chunk;
-        }
-      })();
-    const dispatch = (first: Buffer | null, ended: boolean) =>
+    // Writes to the client within one tick (a head with its first bytes, several chunks read at
+    // once) leave in one write: corked now, uncorked once the tick's work is done.
+    let corked = false;
+    const uncork = () => {
+      corked = false;
+      res.uncork();
+    };
+    const cork = () => {
+      if (corked) return;
+      corked = true;
+      res.cork();
+      queueMicrotask(uncork);
+    };
+    const dispatch = (body: Buffer | IncomingMessage | null) =>
       opts.dispatcher.dispatch(
         {
           origin: opts.origin,
           path: opts.path,
           method: req.method as Dispatcher.HttpMethod,
           headers: opts.headers,
-          body: (!hasBody
-            ? null
-            : ended
-              ? (first ?? Buffer.alloc(0))
-              : body(first)) as unknown as Dispatcher.DispatchOptions["body"],
+          body,
           headersTimeout: 0,
           bodyTimeout: 0,
           // undici takes the TLS server name from the Host header unless told otherwise
@@ -150,7 +161,6 @@ export function forward(
             controller = c;
           },
           onResponseStart(c, statusCode, headers) {
-            touch();
             if (statusCode === 101) {
               result.outcome = "upstream_error";
               result.reason =
@@ -165,11 +175,12 @@ export function forward(
               if (v === undefined || HOP_BY_HOP.has(k) || listed.has(k)) continue;
               out[k] = v;
             }
+            cork();
             res.writeHead(statusCode, out);
           },
           onResponseData(c, chunk) {
             result.bytesOut += chunk.length;
-            touch();
+            cork();
             if (!res.write(chunk)) {
               c.pause();
               res.once("drain", () => c.resume());
@@ -184,13 +195,22 @@ export function forward(
         },
       );
     if (!hasBody) {
-      dispatch(null, true);
+      dispatch(null);
       return;
     }
     // Dial upstream only once the first body bytes parsed cleanly: a request whose framing breaks
     // at its first chunk (a bad chunk size) then never opens a connection upstream.
     firstChunk(req).then(
-      ({ chunk, ended }) => dispatch(chunk, ended),
+      ({ chunk, ended }) => {
+        if (ended || (chunk && declared === chunk.length)) {
+          // the whole body is here: one buffer, which goes out with the head in one write
+          dispatch(chunk ?? Buffer.alloc(0));
+          return;
+        }
+        // the rest streams from the request itself, with backpressure, no copies
+        if (chunk) req.unshift(chunk);
+        dispatch(req);
+      },
       () => {
         result.outcome = "refused_framing";
         result.reason = "the request body could not be parsed";

@@ -437,6 +437,9 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       // how often Node looks for heads that take longer than headersTimeout (slowloris); its
       // default, 30 s, would let a slow client hold a connection far past the limit
       connectionsCheckingInterval: Math.min(1000, opts.timeouts.headersMs),
+      // a large answer arrives from the pod in 16 KiB TLS records; with the default 16 KiB buffer
+      // toward the worker, every record would pause and resume the upstream read
+      highWaterMark: 256 * 1024,
     },
     handle,
   );
