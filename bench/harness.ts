@@ -3,8 +3,8 @@
 // test run as separate processes).
 import autocannon from "autocannon";
 import { Client } from "undici";
-import { spawn, type ChildProcess } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus, totalmem } from "node:os";
 
@@ -182,6 +182,81 @@ export async function sequential(opts: {
     mean: Math.round((times.reduce((s, x) => s + x, 0) / times.length) * 1000) / 1000,
     errors,
   };
+}
+
+export interface WrkResult {
+  requests: number;
+  rps: number;
+  p50ms: number;
+  p99ms: number;
+  mbPerSec: number;
+  errors: number;
+  /** CPU time wrk itself used (user + system). */
+  cpuMs: number;
+}
+
+function parseLatency(text: string, pct: string): number {
+  const m = new RegExp(`^\\s*${pct}%\\s+([\\d.]+)(us|ms|s)`, "m").exec(text);
+  if (!m) return NaN;
+  const v = Number(m[1]);
+  return m[2] === "us" ? v / 1000 : m[2] === "s" ? v * 1000 : v;
+}
+
+/** Runs wrk (C, cheap on CPU) with a Lua script; also reports the CPU time wrk itself used. */
+export function wrk(
+  url: string,
+  script: string,
+  o: { seconds: number; connections: number },
+): Promise<WrkResult> {
+  return new Promise((resolve, reject) => {
+    const p = spawn("wrk", ["-t1", `-c${o.connections}`, `-d${o.seconds}s`, "--latency", "-s", script, url], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let out = "";
+    p.stdout.on("data", (d: Buffer) => (out += d.toString()));
+    p.stderr.on("data", (d: Buffer) => (out += d.toString()));
+    p.on("error", reject);
+    p.on("exit", () => {
+      const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? 0);
+      const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out)?.[1] ?? 0);
+      const transfer = /Transfer\/sec:\s+([\d.]+)(B|KB|MB|GB)/.exec(out);
+      const unit = { B: 1 / 2 ** 20, KB: 1 / 1024, MB: 1, GB: 1024 }[transfer?.[2] ?? "MB"] ?? 1;
+      const errs = /Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/.exec(out);
+      const non2xx = Number(/Non-2xx or 3xx responses: (\d+)/.exec(out)?.[1] ?? 0);
+      const times = [...out.matchAll(/(\d+)m([\d.]+)s (\d+)m([\d.]+)s/g)].at(-1);
+      const cpuMs = times
+        ? (Number(times[1]) * 60 + Number(times[2]) + Number(times[3]) * 60 + Number(times[4])) * 1000
+        : NaN;
+      resolve({
+        cpuMs,
+        requests,
+        rps,
+        p50ms: parseLatency(out, "50"),
+        p99ms: parseLatency(out, "99"),
+        mbPerSec: Number(transfer?.[1] ?? 0) * unit,
+        errors: non2xx + (errs ? Number(errs[1]) + Number(errs[2]) + Number(errs[3]) + Number(errs[4]) : 0),
+      });
+    });
+  });
+}
+
+export const hasWrk = (): boolean => !spawnSync("wrk", ["-v"]).error;
+
+/** A wrk script for one request shape. */
+export function wrkScript(
+  file: string,
+  method: string,
+  path: string,
+  headers: Record<string, string>,
+  bodyBytes: number,
+): string {
+  writeFileSync(
+    file,
+    `wrk.method = "${method}"\nwrk.path = "${path}"\n${Object.entries(headers)
+      .map(([k, v]) => `wrk.headers["${k}"] = "${v}"`)
+      .join("\n")}\n${bodyBytes ? `wrk.body = string.rep("x", ${bodyBytes})` : ""}\n`,
+  );
+  return file;
 }
 
 export function machine(): string {

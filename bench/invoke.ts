@@ -8,7 +8,19 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from "../src/lib/auth.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
-import { cpuMs, freePort, load, machine, sequential, start, waitHttp, type LoadResult } from "./harness.js";
+import {
+  cpuMs,
+  freePort,
+  hasWrk,
+  load,
+  machine,
+  sequential,
+  start,
+  waitHttp,
+  wrk,
+  wrkScript,
+  type LoadResult,
+} from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 
@@ -146,19 +158,49 @@ export async function benchInvoke(o: InvokeBenchOptions): Promise<Record<string,
       connections: number,
     ): Promise<LoadResult & { cpuMsPerRequest: Record<string, number> }> => {
       const lg0 = process.cpuUsage();
+      const useWrk = hasWrk();
       const before = {
         nats: cpuMs(pids.nats),
         invocation: cpuMs(pids.invocation),
         echo: cpuMs(pids.echo),
         workers: pids.workers.reduce((s, p) => s + cpuMs(p), 0),
       };
-      const r = await load({ ...target, connections, seconds: o.seconds, body });
+      // wrk (C) when installed: a Node load generator would take a large share of two cores
+      const r: LoadResult & { loadgen: string; loadgenCpuMs: number } = useWrk
+        ? await (async () => {
+            const u = new URL(target.url);
+            const script = wrkScript(
+              join(dir, `load-${u.port}.lua`),
+              "POST",
+              u.pathname,
+              target.headers,
+              body.length,
+            );
+            const w = await wrk(u.origin, script, { seconds: o.seconds, connections });
+            return {
+              requests: w.requests,
+              rps: w.rps,
+              p50: w.p50ms,
+              p99: w.p99ms,
+              errors: w.errors,
+              non2xx: 0,
+              durationS: o.seconds,
+              loadgen: "wrk",
+              loadgenCpuMs: w.cpuMs,
+            };
+          })()
+        : {
+            ...(await load({ ...target, connections, seconds: o.seconds, body })),
+            loadgen: "autocannon",
+            loadgenCpuMs: NaN,
+          };
       const per = (after: number, b: number) =>
         Math.round(((after - b) / Math.max(1, r.requests)) * 1000) / 1000;
       return {
         ...r,
         cpuMsPerRequest: {
           loadgen: (() => {
+            if (useWrk) return per(r.loadgenCpuMs, 0);
             const u = process.cpuUsage(lg0);
             return per((u.user + u.system) / 1000, 0);
           })(),

@@ -4,12 +4,12 @@
 // reuse) and the direct path (straight to the pod), in one run. Load from wrk, with absolute-form
 // forward-proxy requests. Reports requests/s and p50/p99 for small callbacks, MB/s for large
 // streamed bodies, and each proxy's CPU time per request.
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createCa, issueServerCert } from "../src/lib/pki.js";
-import { cpuMs, freePort, machine, procs, start } from "./harness.js";
+import { cpuMs, freePort, machine, procs, start, wrk, type WrkResult } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const POD = "127-0-0-1.invocation.nvcf.svc.cluster.local";
@@ -20,50 +20,6 @@ export interface ProxyBenchOptions {
   connections: number;
   largeBytes: number;
   rounds: number;
-}
-
-interface WrkResult {
-  requests: number;
-  rps: number;
-  p50ms: number;
-  p99ms: number;
-  mbPerSec: number;
-  errors: number;
-}
-
-function parseLatency(text: string, pct: string): number {
-  const m = new RegExp(`^\\s*${pct}%\\s+([\\d.]+)(us|ms|s)`, "m").exec(text);
-  if (!m) return NaN;
-  const v = Number(m[1]);
-  return m[2] === "us" ? v / 1000 : m[2] === "s" ? v * 1000 : v;
-}
-
-function wrk(url: string, script: string, o: { seconds: number; connections: number }): Promise<WrkResult> {
-  return new Promise((resolve, reject) => {
-    const p = spawn("wrk", ["-t1", `-c${o.connections}`, `-d${o.seconds}s`, "--latency", "-s", script, url], {
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let out = "";
-    p.stdout.on("data", (d: Buffer) => (out += d.toString()));
-    p.stderr.on("data", (d: Buffer) => (out += d.toString()));
-    p.on("error", reject);
-    p.on("exit", () => {
-      const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? 0);
-      const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out)?.[1] ?? 0);
-      const transfer = /Transfer\/sec:\s+([\d.]+)(B|KB|MB|GB)/.exec(out);
-      const unit = { B: 1 / 2 ** 20, KB: 1 / 1024, MB: 1, GB: 1024 }[transfer?.[2] ?? "MB"] ?? 1;
-      const errs = /Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/.exec(out);
-      const non2xx = Number(/Non-2xx or 3xx responses: (\d+)/.exec(out)?.[1] ?? 0);
-      resolve({
-        requests,
-        rps,
-        p50ms: parseLatency(out, "50"),
-        p99ms: parseLatency(out, "99"),
-        mbPerSec: Number(transfer?.[1] ?? 0) * unit,
-        errors: non2xx + (errs ? Number(errs[1]) + Number(errs[2]) + Number(errs[3]) + Number(errs[4]) : 0),
-      });
-    });
-  });
 }
 
 export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, unknown>> {
