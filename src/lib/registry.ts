@@ -61,6 +61,15 @@ export class ReplicaRegistry {
       Math.max(250, Math.floor(this.ttlMs / 3)),
     );
     this.timer.unref();
+    // A replica destroyed without close() (or whose connection is closed under it) must stop
+    // refreshing: every later put fails on the closed connection, and the timer would warn about it
+    // every few seconds for as long as the process lives. Its entry then expires within the TTL.
+    void this.nc.closed().then(() => this.stopRefreshing());
+  }
+
+  private stopRefreshing(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
   }
 
   /** The live replica with this holder id, or undefined when it is unknown or has expired. */
@@ -73,7 +82,7 @@ export class ReplicaRegistry {
 
   /** Leaves the registry at once (a clean stop), instead of waiting for the entry to expire. */
   async close(): Promise<void> {
-    if (this.timer) clearInterval(this.timer);
+    this.stopRefreshing();
     await this.kv?.delete(this.key).catch(() => undefined);
   }
 }

@@ -61,6 +61,7 @@ export class TlsReloader {
   private readonly watchers: FSWatcher[] = [];
   private poll: NodeJS.Timeout | undefined;
   private debounce: NodeJS.Timeout | undefined;
+  private burstStarted: number | undefined;
   private readonly reloads: Counter;
   private readonly notAfter: Gauge;
 
@@ -133,9 +134,20 @@ export class TlsReloader {
   }
 
   private schedule(): void {
-    // writers replace several files in a row: wait for them to settle
+    // Writers replace several files in a row: wait for them to settle (100 ms without an event).
+    // But the folder may never settle (a log or lock file beside the certificate changes all the
+    // time, and every change wakes the watch), so a burst waits at most 1 s from its first event.
+    const now = Date.now();
+    this.burstStarted ??= now;
     if (this.debounce) clearTimeout(this.debounce);
-    this.debounce = setTimeout(() => this.reload(), 100);
+    this.debounce = setTimeout(
+      () => {
+        this.debounce = undefined;
+        this.burstStarted = undefined;
+        this.reload();
+      },
+      Math.max(0, Math.min(100, this.burstStarted + 1000 - now)),
+    );
   }
 
   /** Re-reads the files; applies them if they changed and are good. */

@@ -1,14 +1,22 @@
 // A whole invocation plane for tests: nats-server, the API, a function deployed with an API key,
-// invocation replicas and worker agents beside an example inference server. Services run in this
-// process on 127.0.0.1:0 unless a test asks for child processes.
-import { mkdtempSync, rmSync } from "node:fs";
+// invocation replicas and worker agents beside an example inference server, and optionally a worker
+// callback proxy with a test PKI. Services run in this process on 127.0.0.1:0 unless a test asks
+// for other loopback addresses (replicaHosts) or child processes.
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
-import type { AddressInfo } from "node:net";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { handle as exampleHandler } from "../../examples/inference-server.js";
+import { writeFileAtomic } from "../../src/lib/auth.js";
+import { createLogger, type Logger } from "../../src/lib/log.js";
+import { createRegistry, type Registry } from "../../src/lib/metrics.js";
+import { dashIp } from "../../src/lib/net.js";
+import { TLS_FILES } from "../../src/lib/pki.js";
 import { DEFAULT_QUEUE_LIMITS, type QueueLimits } from "../../src/lib/queue.js";
+import { TlsReloader } from "../../src/lib/tls-reload.js";
+import { createCallbackProxy, type CallbackProxy } from "../../src/services/callback-proxy/service.js";
 import {
   createInvocationService,
   type InvocationService,
@@ -17,6 +25,7 @@ import {
 import { createWorkerAgent, type WorkerAgent } from "../../src/services/worker/agent.js";
 import { workerConfigFromEnv } from "../../src/services/worker/config.js";
 import { call, sampleDeployment, startApi, startNats, type ApiFixture, type Nats } from "./index.js";
+import { testPki, type TestPki } from "./tls.js";
 
 type Ctx = Pick<TestContext, "after">;
 
@@ -42,6 +51,27 @@ function scratchDir(prefix: string): { dir: string; removeAfter(t: Ctx): void } 
       });
     },
   };
+}
+
+/** A port nothing listens on at `host` right now (for listeners that must share one port). */
+export async function freePort(host: string): Promise<number> {
+  const server = createNetServer();
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, host, resolve);
+  });
+  const port = (server.address() as AddressInfo).port;
+  await new Promise<void>((r) => server.close(() => r()));
+  return port;
+}
+
+/** Reads a JSON-lines log file (a missing file is an empty log). */
+export function readLog(file: string): Array<Record<string, unknown>> {
+  if (!existsSync(file)) return [];
+  return readFileSync(file, "utf8")
+    .split("\n")
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
 }
 
 export async function startExampleServer(
@@ -104,8 +134,19 @@ export interface Plane {
   fn: DeployedFunction;
   /** The example inference server every worker of the plane calls (`server` lets a test stop it). */
   inference: { url: string; port: number; server: Server };
-  replicas: Array<{ service: InvocationService; url: string }>;
+  replicas: Array<{
+    service: InvocationService;
+    url: string;
+    /** The address the replica listens on (its pod address). */
+    host: string;
+    /** With the proxy: the folder of its worker-listener certificate (tls.crt, tls.key, ca.crt). */
+    certDir: string | undefined;
+  }>;
   workers: WorkerAgent[];
+  /** With `proxy`: the callback proxy every worker's callbacks go through. */
+  proxy: PlaneProxy | undefined;
+  /** With `logs`: the JSON lines a part logged so far (`replica-0`, `worker-0`); else none. */
+  logs(name: string): Array<Record<string, unknown>>;
   invokeUrl(replica?: number): string;
   /** Starts a worker for `fn` (the plane's function unless given), with its own output folder. */
   addWorker(overrides?: Record<string, string>, fn?: DeployedFunction): Promise<WorkerAgent>;
@@ -119,8 +160,44 @@ export interface Plane {
   }>;
 }
 
+export interface PlaneProxy {
+  proxy: CallbackProxy;
+  registry: Registry;
+  /** https://invocation.worker.callplane.test:<port>, as workers are told. */
+  uri: string;
+  host: string;
+  port: number;
+  pki: TestPki;
+  /** The proxy's frontend certificate folder (tls.crt, tls.key), watched by a TlsReloader. */
+  frontendDir: string;
+  /** The CA bundle that pod certificates must chain to, watched by a TlsReloader. */
+  caFile: string;
+  /** The port of every replica's worker TLS listener. */
+  podPort: number;
+  /** The proxy's access-log lines (one per callback). */
+  accessLog(): Array<Record<string, unknown>>;
+}
+
 export interface PlaneOptions {
   replicas?: number;
+  /**
+   * The address replica i listens on (default 127.0.0.1). Distinct loopback addresses give the
+   * replicas distinct pod addresses, as pods get their own IPs; the proxy needs them distinct.
+   */
+  replicaHosts?: string[];
+  /** Options for replica i only, applied over `invocation`. */
+  replica?: (i: number) => Partial<InvocationServiceOptions>;
+  /** The callback target every replica hands workers (a shared, load-balanced address). */
+  selfAddress?: string;
+  relay?: InvocationServiceOptions["relay"];
+  /**
+   * Worker callbacks through a callback proxy started in this process with a test PKI: each
+   * replica gets a TLS worker listener with a certificate for its pod name, workers get the proxy
+   * address and the test CA.
+   */
+  proxy?: boolean | { host?: string };
+  /** Replicas, workers and the proxy log JSON lines to files that `plane.logs()` reads. */
+  logs?: boolean;
   workers?: number;
   concurrency?: number;
   queue?: Partial<QueueLimits>;
@@ -167,22 +244,64 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
   responses.removeAfter(t);
   const responseDir = responses.dir;
   const queue = { ...DEFAULT_QUEUE_LIMITS, ...opts.queue };
+  const logDir = opts.logs ? scratchDir("callplane-logs-") : undefined;
+  const logFile = (name: string) => join(logDir!.dir, `${name}.log`);
+  const fileLogger = (name: string): Logger | undefined =>
+    logDir ? createLogger(name, { destination: logFile(name), sync: true, level: "info" }) : undefined;
+  const replicaCount = opts.replicas ?? 1;
+  const hosts = Array.from({ length: replicaCount }, (_, i) => opts.replicaHosts?.[i] ?? "127.0.0.1");
+  const proxy = opts.proxy
+    ? await startPlaneProxy(t, opts.proxy === true ? {} : opts.proxy, hosts)
+    : undefined;
   const replicas: Plane["replicas"] = [];
-  for (let i = 0; i < (opts.replicas ?? 1); i++) {
+  for (let i = 0; i < replicaCount; i++) {
+    const host = hosts[i];
+    const logger = fileLogger(`replica-${i}`);
+    let certDir: string | undefined;
+    let tlsOpts: Partial<InvocationServiceOptions> = {};
+    if (proxy) {
+      certDir = join(proxy.pkiDir, "invocation", dashIp(host));
+      const cert = await proxy.pki.issue([`${dashIp(host)}.invocation.nvcf.svc.cluster.local`]);
+      writeFileAtomic(join(certDir, TLS_FILES.key), cert.keyPem);
+      writeFileAtomic(join(certDir, TLS_FILES.cert), cert.certPem, 0o644);
+      writeFileAtomic(join(certDir, TLS_FILES.ca), proxy.pki.ca.certPem, 0o644);
+      tlsOpts = {
+        workerTls: {
+          port: proxy.podPort,
+          certFile: join(certDir, TLS_FILES.cert),
+          keyFile: join(certDir, TLS_FILES.key),
+        },
+        proxyUri: proxy.uri,
+      };
+    }
     const service = createInvocationService({
-      listen: { host: "127.0.0.1", port: 0 },
+      listen: { host, port: 0 },
       region: "test",
       serviceDomain: "nvcf.svc.cluster.local",
       natsUrl: nats.url,
       apiUrl: api.url,
       serviceToken: api.serviceToken("invocation"),
       queue,
+      ...(opts.selfAddress ? { selfAddress: opts.selfAddress } : {}),
+      ...(opts.relay ? { relay: opts.relay } : {}),
+      ...(logger ? { logger } : {}),
+      ...tlsOpts,
       ...opts.invocation,
+      ...opts.replica?.(i),
     });
     const url = (await service.listen()).origin;
     t.after(() => service.destroy());
-    replicas.push({ service, url });
+    replicas.push({ service, url, host, certDir });
   }
+  // after the services that write (and watch) there
+  logDir?.removeAfter(t);
+  proxy?.removeAfter(t);
+  const proxyWorkerEnv: Record<string, string> = proxy
+    ? {
+        CALLPLANE_WORKER_HOST_MAP: `invocation.worker.callplane.test=${proxy.host}`,
+        NVCF_PROXY_CA_PEM: proxy.pki.ca.certPem,
+      }
+    : {};
   const workers: WorkerAgent[] = [];
   let workerCount = 0;
   const plane: Plane = {
@@ -192,6 +311,8 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
     inference,
     replicas,
     workers,
+    proxy: proxy?.plane,
+    logs: (name) => (logDir ? readLog(logFile(name)) : []),
     invokeUrl: (r = 0) => `${replicas[r].url}/v2/nvcf/pexec/functions/${fn.functionId}`,
     async addWorker(overrides = {}, target = fn) {
       // Each worker gets its own output folders: two workers sharing slot-N folders would empty
@@ -201,11 +322,13 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
           NVCF_REGION: "test",
           MAX_REQUEST_CONCURRENCY: String(opts.concurrency ?? 8),
           CALLPLANE_ACK_WAIT_SECONDS: String(queue.ackWaitSeconds),
+          ...proxyWorkerEnv,
           ...opts.workerEnv,
           ...overrides,
         }),
       );
-      const agent = createWorkerAgent(cfg);
+      const logger = fileLogger(`worker-${workerCount - 1}`);
+      const agent = createWorkerAgent(cfg, logger ? { logger } : {});
       await agent.start();
       t.after(() => agent.destroy());
       workers.push(agent);
@@ -224,4 +347,110 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
   };
   for (let i = 0; i < (opts.workers ?? 1); i++) await plane.addWorker();
   return plane;
+}
+
+/**
+ * The callback proxy of a plane, as the stack runs it: frontend certificate and pod CA from files
+ * (reloaded when they change), pod networks exactly the replicas' addresses, one worker TLS port
+ * shared by every replica (the port in the pod addresses the proxy accepts).
+ */
+async function startPlaneProxy(
+  t: Ctx,
+  opts: { host?: string },
+  replicaHosts: string[],
+): Promise<{
+  plane: PlaneProxy;
+  pki: TestPki;
+  pkiDir: string;
+  removeAfter(t: Ctx): void;
+  uri: string;
+  host: string;
+  podPort: number;
+}> {
+  if (new Set(replicaHosts).size !== replicaHosts.length)
+    throw new Error("with the proxy, every replica needs its own address (replicaHosts)");
+  const pki = await testPki();
+  const pkiDir = scratchDir("callplane-pki-");
+  const frontendDir = join(pkiDir.dir, "proxy");
+  const caFile = join(pkiDir.dir, TLS_FILES.ca);
+  const front = await pki.issue(["*.worker.callplane.test", "worker.callplane.test"]);
+  writeFileAtomic(join(frontendDir, TLS_FILES.key), front.keyPem);
+  writeFileAtomic(join(frontendDir, TLS_FILES.cert), front.certPem, 0o644);
+  writeFileAtomic(caFile, pki.ca.certPem, 0o644);
+  // not in the certificate folders: a log written there wakes their watches on every line
+  const logDir = scratchDir("callplane-proxy-log-");
+  const accessLogFile = join(logDir.dir, "proxy.log");
+  const logger = createLogger("callback-proxy", { destination: accessLogFile, sync: true, level: "info" });
+  const registry = createRegistry("callback-proxy", { defaultMetrics: false });
+  // the replicas' listeners are not up yet; a port free on the first address is free on the others
+  const podPort = await freePort(replicaHosts[0]);
+  const host = opts.host ?? "127.0.0.1";
+  // as the proxy's main does: the reloaders read the files first, the proxy starts with what they read
+  const frontend = new TlsReloader(
+    "frontend",
+    { certFile: join(frontendDir, TLS_FILES.cert), keyFile: join(frontendDir, TLS_FILES.key) },
+    (m) => proxy.setFrontend(m),
+    logger,
+    registry,
+  );
+  const podCa = new TlsReloader("pod-ca", { caFile }, (m) => proxy.setPodCa(m.ca!), logger, registry);
+  const proxy: CallbackProxy = createCallbackProxy({
+    listen: { host, port: 0 },
+    serviceDomain: "nvcf.svc.cluster.local",
+    podNetworks: replicaHosts.map((h) => `${h}/32`),
+    upstreamTls: true,
+    podPort,
+    connectEnabled: false,
+    frontend: { cert: frontend.material.cert!, key: frontend.material.key! },
+    podCa: podCa.material.ca!,
+    timeouts: { headersMs: 10_000, idleMs: 60_000, connectMs: 2000 },
+    maxHeaderBytes: 16 * 1024,
+    connectionsPerPod: 64,
+    logger,
+    registry,
+  });
+  const port = Number((await proxy.listen()).port);
+  t.after(() => {
+    frontend.close();
+    podCa.close();
+    proxy.destroy();
+  });
+  const uri = `https://invocation.worker.callplane.test:${port}`;
+  return {
+    pki,
+    pkiDir: pkiDir.dir,
+    removeAfter: (c) => {
+      pkiDir.removeAfter(c);
+      logDir.removeAfter(c);
+    },
+    uri,
+    host,
+    podPort,
+    plane: {
+      proxy,
+      registry,
+      uri,
+      host,
+      port,
+      pki,
+      frontendDir,
+      caFile,
+      podPort,
+      accessLog: () => readLog(accessLogFile).filter((l) => l.msg === "callback"),
+    },
+  };
+}
+
+/** The sum of a counter's or gauge's values whose labels include `labels` (0 when there are none). */
+export async function metricValue(
+  registry: Registry,
+  name: string,
+  labels: Record<string, string> = {},
+): Promise<number> {
+  const metric = registry.getSingleMetric(name);
+  if (!metric) return 0;
+  const { values } = await metric.get();
+  return values
+    .filter((v) => Object.entries(labels).every(([k, want]) => String(v.labels[k]) === want))
+    .reduce((sum, v) => sum + v.value, 0);
 }

@@ -128,10 +128,23 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   // verified under the old bundle is resumed; requests in flight finish on the old one
   let agent = makeAgent();
 
+  // The worker's address, read when its request arrives: by the time a long callback is logged,
+  // Node may have let go of the request's socket.
+  const workers = new WeakMap<IncomingMessage, string>();
+  function workerOf(req: IncomingMessage): string {
+    let w = workers.get(req);
+    if (w === undefined) {
+      const s = req.socket as Socket | null;
+      w = s ? `${s.remoteAddress ?? "?"}:${s.remotePort ?? "?"}` : "?";
+      workers.set(req, w);
+    }
+    return w;
+  }
+
   function log(req: IncomingMessage, fields: Record<string, unknown>): void {
     logger.info(
       {
-        worker: `${req.socket.remoteAddress ?? "?"}:${req.socket.remotePort ?? "?"}`,
+        worker: workerOf(req),
         method: req.method,
         ...fields,
       },
@@ -184,6 +197,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   }
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
+    workerOf(req);
     const started = performance.now();
     const url = req.url ?? "";
     // 1. the target: path first (404 for anything but the callback), then the pod address
@@ -346,6 +360,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   }
 
   function handleConnect(req: IncomingMessage, socket: Socket, head: Buffer): void {
+    workerOf(req);
     const started = performance.now();
     const answer = (status: number, e: CallplaneError, outcome: Outcome) => {
       callbacks.inc({ outcome });

@@ -814,9 +814,11 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       return url;
     },
     async close(graceMs = 30_000) {
-      // leave the registry first: no replica should relay new callbacks here while it drains
-      await replicas?.close();
+      // Drain first, then leave the registry: while draining, callbacks for the requests this
+      // replica still holds may land on another replica and must be relayed here. (It takes no new
+      // requests meanwhile, so nothing else is relayed to it.)
       await Promise.all([http.close(graceMs), workerHttp?.close(graceMs)]);
+      await replicas?.close();
       for (const p of [...pendings]) {
         cancel(p, "replica stopping");
         p.clientRes.destroy();
