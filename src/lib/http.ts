@@ -294,8 +294,13 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
   };
 
   const server: Server = opts.tls
-    ? createTlsServer({ ...opts.tls, maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024 }, handle)
+    ? createTlsServer(
+        { ...opts.tls, maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024, keepAliveTimeout: 65_000 },
+        handle,
+      )
     : createServer({ maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024, keepAliveTimeout: 65_000 }, handle);
+  // 65 s, above the idle timeouts of the clients that pool connections to us (undici: 4–30 s, load
+  // balancers: 60 s), so a client never sends a request on a connection this side is closing
   server.requestTimeout = opts.requestTimeoutMs ?? 0;
   server.headersTimeout = 30_000;
   server.on("connection", (s: Socket) => {

@@ -18,6 +18,7 @@ export const scripts = {
   invocation: join(distRoot, "src", "services", "invocation", "main.js"),
   worker: join(distRoot, "src", "services", "worker", "main.js"),
   exampleServer: join(distRoot, "examples", "inference-server.js"),
+  callbackProxy: join(distRoot, "src", "services", "callback-proxy", "main.js"),
 } as const;
 
 /**
@@ -75,21 +76,37 @@ function baseEnv(): NodeJS.ProcessEnv {
   return env;
 }
 
+/** How a child is started, beyond its script and environment. */
+export interface SpawnExtras {
+  /**
+   * A command that node runs under, for example `["ip", "netns", "exec", "<namespace>"]`. It must
+   * exec node in its own place (as `ip netns exec` does), so the pid, the signals and the IPC
+   * channel are node's.
+   */
+  prefix?: string[];
+  /** Called with each line the process writes to stdout or stderr (all of them, not only the tail). */
+  onLine?: (line: string) => void;
+}
+
 function spawnChild(
   t: Ctx,
   name: string,
   args: string[],
   env: NodeJS.ProcessEnv,
   ipc: boolean,
+  extras: SpawnExtras = {},
 ): { handle: ChildHandle; onLine: (fn: (line: string) => void) => void } {
-  const child = spawn(process.execPath, args, {
+  const prefix = extras.prefix ?? [];
+  const command = prefix.length ? prefix[0] : process.execPath;
+  const argv = prefix.length ? [...prefix.slice(1), process.execPath, ...args] : args;
+  const child = spawn(command, argv, {
     env: { ...baseEnv(), ...env },
     stdio: ipc ? ["ignore", "pipe", "pipe", "ipc"] : ["ignore", "pipe", "pipe"],
     serialization: "json",
   });
   let tail = "";
   let partial = "";
-  const lineListeners: Array<(line: string) => void> = [];
+  const lineListeners: Array<(line: string) => void> = extras.onLine ? [extras.onLine] : [];
   const collect = (d: Buffer) => {
     const s = d.toString();
     tail = (tail + s).slice(-OUTPUT_TAIL);
@@ -146,9 +163,12 @@ export async function startService(
   name: string,
   script: string,
   env: NodeJS.ProcessEnv,
-  opts: { args?: string[]; readyTimeoutMs?: number } = {},
+  opts: { args?: string[]; readyTimeoutMs?: number } & SpawnExtras = {},
 ): Promise<ChildHandle> {
-  const { handle } = spawnChild(t, name, [script, ...(opts.args ?? [])], env, true);
+  const { handle } = spawnChild(t, name, [script, ...(opts.args ?? [])], env, true, {
+    prefix: opts.prefix,
+    onLine: opts.onLine,
+  });
   const { child } = handle;
   const timeoutMs = opts.readyTimeoutMs ?? 20_000;
   const urls = await new Promise<Record<string, string>>((resolve, reject) => {
@@ -178,16 +198,22 @@ export async function startService(
   return handle;
 }
 
-/** Starts the example inference server as a child on 127.0.0.1 and a port the kernel picks. */
+/**
+ * Starts the example inference server as a child on 127.0.0.1 and a port the kernel picks (or on
+ * `listen`, under `prefix`).
+ */
 export async function startExampleProcess(
   t: Ctx,
+  opts: { listen?: { host: string; port: number }; prefix?: string[] } = {},
 ): Promise<{ process: ChildHandle; port: number; url: string }> {
+  const listen = opts.listen ?? { host: "127.0.0.1", port: 0 };
   const { handle, onLine } = spawnChild(
     t,
     "inference-server",
-    [scripts.exampleServer, "--listen", "127.0.0.1:0"],
+    [scripts.exampleServer, "--listen", `${listen.host}:${listen.port}`],
     {},
     false,
+    { prefix: opts.prefix },
   );
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(
@@ -210,7 +236,7 @@ export async function startExampleProcess(
       reject(new Error(`the example server exited (${e.signal ?? e.code})\n${handle.output()}`));
     });
   });
-  return { process: handle, port, url: `http://127.0.0.1:${port}` };
+  return { process: handle, port, url: `http://${listen.host}:${port}` };
 }
 
 /** Resident memory of a process in bytes (VmRSS in /proc/<pid>/status). */

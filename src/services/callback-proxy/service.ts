@@ -464,6 +464,12 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   server.timeout = opts.timeouts.idleMs + 5000;
   server.on("connect", handleConnect);
   server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) => {
+    // a connection that closed or reset without a request (a health check's connect-and-close) is
+    // no callback: nothing to answer, nothing to count
+    if (err.code === "ECONNRESET" || err.code === "EPIPE") {
+      socket.destroy();
+      return;
+    }
     const status =
       err.code === "HPE_HEADER_OVERFLOW" ? 431 : err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : 400;
     callbacks.inc({ outcome: status === 431 ? "refused_headers" : "refused_framing" });

@@ -57,7 +57,9 @@ export function createWorkerAgent(
     `http://${cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host}:${cfg.inference.port}`,
     {
       connections: cfg.concurrency + 2,
-      keepAliveTimeout: 30_000,
+      // undici's default: inference servers often close idle connections after 5 s without saying
+      // so in a Keep-Alive header (uvicorn), and a request sent on a closing connection would fail
+      keepAliveTimeout: 4_000,
     },
   );
   const callbacks = new CallbackClient({
