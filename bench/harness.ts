@@ -209,14 +209,25 @@ export function wrk(
   o: { seconds: number; connections: number },
 ): Promise<WrkResult> {
   return new Promise((resolve, reject) => {
-    const p = spawn("wrk", ["-t1", `-c${o.connections}`, `-d${o.seconds}s`, "--latency", "-s", script, url], {
-      stdio: ["ignore", "pipe", "pipe"],
-    });
+    // `times` prints the CPU time of the shell's children (wrk) once it has exited
+    const p = spawn(
+      "bash",
+      [
+        "-c",
+        'wrk -t1 -c"$1" -d"$2"s --latency -s "$3" "$4"; times',
+        "bash",
+        String(o.connections),
+        String(o.seconds),
+        script,
+        url,
+      ],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
     let out = "";
     p.stdout.on("data", (d: Buffer) => (out += d.toString()));
     p.stderr.on("data", (d: Buffer) => (out += d.toString()));
     p.on("error", reject);
-    p.on("exit", () => {
+    p.on("close", () => {
       const requests = Number(/(\d+) requests in/.exec(out)?.[1] ?? 0);
       const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out)?.[1] ?? 0);
       const transfer = /Transfer\/sec:\s+([\d.]+)(B|KB|MB|GB)/.exec(out);

@@ -351,7 +351,10 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     for (let attempt = 0; ; attempt++) {
       await queues!.ensure(fvid);
       try {
-        await js!.publish(subjects.work(opts.region, fvid, requestId), data, { msgID: requestId });
+        // No Nats-Msg-Id: the stream already keeps one message per subject, and the subject ends in
+        // the request id, so a repeated publish is refused as a duplicate (and taken as success
+        // below) without a header and a dedupe-window entry on every message.
+        await js!.publish(subjects.work(opts.region, fvid, requestId), data);
         return;
       } catch (err) {
         const kind = classifyPublishError(err);
