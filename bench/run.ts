@@ -69,7 +69,13 @@ async function main(): Promise<void> {
         errors: number;
         cpuUsPerRequest?: number;
       }) => string,
-    ) => ["direct", "haproxy", "callplane"].map((k) => `${k} ${metric(r[scenario][k])}`).join(" | ");
+    ) =>
+      r[scenario]
+        ? ["direct", "haproxy", "callplane"]
+            .filter((k) => r[scenario][k])
+            .map((k) => `${k} ${metric(r[scenario][k])}`)
+            .join(" | ")
+        : "(not run)";
     console.log(`\nproxy benchmark (TLS to the proxy, TLS to the pod), ${String(result.machine)}`);
     console.log(
       `  small callbacks (POST 100 B, ${flag("connections", 50)} connections): ${row("small", (x) => `${Math.round(x.rps)}/s p50 ${x.p50ms} ms p99 ${x.p99ms} ms${x.cpuUsPerRequest !== undefined ? ` cpu ${x.cpuUsPerRequest} us/req` : ""}${x.errors ? ` errors ${x.errors}` : ""}`)}`,

@@ -130,8 +130,8 @@ export function forward(
       opts.onFailure(res, result);
       req.resume();
     };
-    // Writes to the client within one tick (a head with its first bytes, several chunks read at
-    // once) leave in one write: corked now, uncorked once the tick's work is done.
+    // The head and the first bytes, which usually arrive in the same tick, leave in one write:
+    // corked at the head, uncorked once the tick's work is done.
     let corked = false;
     const uncork = () => {
       corked = false;
@@ -180,7 +180,8 @@ export function forward(
           },
           onResponseData(c, chunk) {
             result.bytesOut += chunk.length;
-            cork();
+            // (still corked from the head when the first bytes come in the same tick; later chunks
+            // arrive one read at a time, and corking each would only add work)
             if (!res.write(chunk)) {
               c.pause();
               res.once("drain", () => c.resume());

@@ -128,6 +128,15 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   // verified under the old bundle is resumed; requests in flight finish on the old one
   let agent = makeAgent();
 
+  // Targets that passed the checks, by their exact request-target text: a pod is called back many
+  // times, and the checks need not run again for the same string. Bounded; refusals never cached.
+  const accepted = new Map<string, PodTarget & { path: string }>();
+  const remember = (url: string, t: PodTarget & { path: string }) => {
+    if (accepted.size >= 4096) accepted.clear();
+    accepted.set(url, t);
+    return t;
+  };
+
   // The worker's address, read when its request arrives: by the time a long callback is logged,
   // Node may have let go of the request's socket.
   const workers = new WeakMap<IncomingMessage, string>();
@@ -203,7 +212,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     // 1. the target: path first (404 for anything but the callback), then the pod address
     let target: PodTarget & { path: string };
     try {
-      target = checkTarget(url, rules);
+      target = accepted.get(url) ?? remember(url, checkTarget(url, rules));
     } catch (err) {
       const e = toCallplaneError(err);
       refuse(
