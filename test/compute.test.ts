@@ -5,10 +5,11 @@
 // (127.0.0.1:8080..., 127.0.3.x) nor test/stack.test.ts (127.0.40-42.x).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { test, type TestContext } from "node:test";
-import { setTimeout as sleep } from "node:timers/promises";
+import { test } from "node:test";
+import { waitFor as poll } from "./testkit/client.js";
+import { cmdline, descendants, lifo, running } from "./testkit/proc.js";
 import { cidrContains, parseCidr } from "../src/lib/net.js";
 import { createComputeAgent } from "../src/services/compute/agent.js";
 import type { LocalInstance } from "../src/services/compute/local.js";
@@ -23,6 +24,13 @@ import {
   type ApiFixture,
 } from "./testkit/index.js";
 
+/** Waits for a condition; these tests start whole process trees, so the default is generous. */
+const waitFor = <T>(
+  what: string,
+  check: () => T | undefined | false | Promise<T | undefined | false>,
+  timeoutMs = 30_000,
+) => poll(what, check, timeoutMs);
+
 const INSTANCE_NET = "127.0.31.0/24";
 const CHILD_INSTANCE_NET = "127.0.32.0/24";
 
@@ -36,88 +44,6 @@ interface DeploymentDto {
   functionStatus: string;
   healthInfo: Array<{ error: string }>;
   instances: InstanceDto[];
-}
-
-/**
- * A context whose `after` hooks run in reverse order of registration (node:test runs them in
- * order), so that what was started last stops first: processes before the folders they use.
- */
-function lifo(t: TestContext): Pick<TestContext, "after"> {
-  const undo: Array<() => unknown> = [];
-  t.after(async () => {
-    for (const f of undo.reverse()) await f();
-  });
-  return {
-    after: (fn) => {
-      if (fn) undo.push(fn as unknown as () => unknown);
-    },
-  };
-}
-
-/** A process that exists and is not a zombie. */
-function running(pid: number | undefined): boolean {
-  if (!pid) return false;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    const state = stat.slice(stat.lastIndexOf(")") + 2)[0];
-    return state !== "Z" && state !== "X";
-  } catch {
-    return false;
-  }
-}
-
-/** Every live process below `root` (children, grandchildren ...), from /proc. */
-function descendants(root: number): number[] {
-  const children = new Map<number, number[]>();
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    try {
-      const stat = readFileSync(`/proc/${name}/stat`, "utf8");
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
-    } catch {
-      // gone meanwhile
-    }
-  }
-  const out: number[] = [];
-  const todo = [root];
-  while (todo.length) {
-    for (const c of children.get(todo.pop()!) ?? []) {
-      out.push(c);
-      todo.push(c);
-    }
-  }
-  return out.filter(running);
-}
-
-function cmdline(pid: number): string {
-  try {
-    return readFileSync(`/proc/${pid}/cmdline`, "utf8").replaceAll("\0", " ");
-  } catch {
-    return "";
-  }
-}
-
-async function waitFor<T>(
-  what: string,
-  check: () => T | undefined | false | Promise<T | undefined | false>,
-  timeoutMs = 30_000,
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await check();
-      if (v !== undefined && v !== false) return v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > deadline)
-      throw new Error(
-        `timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${(last as Error).message}` : ""}`,
-      );
-    await sleep(25);
-  }
 }
 
 async function workerReady(host: string): Promise<number> {

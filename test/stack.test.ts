@@ -10,8 +10,17 @@ import { existsSync, readFileSync, readdirSync, readlinkSync, statSync, writeFil
 import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
+import { waitFor as poll } from "./testkit/client.js";
+import { descendants, lifo, running } from "./testkit/proc.js";
 import { setTimeout as sleep } from "node:timers/promises";
 import { call, distRoot, tmpDir } from "./testkit/index.js";
+
+/** Waits for a condition; these tests start whole process trees, so the default is generous. */
+const waitFor = <T>(
+  what: string,
+  check: () => T | undefined | false | Promise<T | undefined | false>,
+  timeoutMs = 20_000,
+) => poll(what, check, timeoutMs);
 
 const stackMain = join(distRoot, "src", "stack", "main.js");
 
@@ -82,33 +91,6 @@ async function writeConfig(dir: string, host: string, podNetwork: string, instan
 }
 
 /**
- * A context whose `after` hooks run in reverse order of registration (node:test runs them in
- * order), so that what was started last stops first: processes before the folders they use.
- */
-function lifo(t: TestContext): Pick<TestContext, "after"> {
-  const undo: Array<() => unknown> = [];
-  t.after(async () => {
-    for (const f of undo.reverse()) await f();
-  });
-  return {
-    after: (fn) => {
-      if (fn) undo.push(fn as unknown as () => unknown);
-    },
-  };
-}
-
-/** A live process that is not a zombie. */
-function running(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    const state = stat.slice(stat.lastIndexOf(")") + 2)[0];
-    return state !== "Z" && state !== "X";
-  } catch {
-    return false;
-  }
-}
-
-/**
  * Every live process that belongs to a stack run from `dir`: its working folder is `dir` (the
  * stack's children and the compute agent's instances inherit it) or its command line or
  * environment mentions `dir` (nats-server's config, the services' data folder).
@@ -131,44 +113,6 @@ function processesOf(dir: string): Array<{ pid: number; cmdline: string }> {
     }
   }
   return out;
-}
-
-/** Every live process below `root`, from /proc. */
-function descendants(root: number): number[] {
-  const children = new Map<number, number[]>();
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    try {
-      const stat = readFileSync(`/proc/${name}/stat`, "utf8");
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-      children.set(ppid, [...(children.get(ppid) ?? []), Number(name)]);
-    } catch {
-      // gone meanwhile
-    }
-  }
-  const out: number[] = [];
-  const todo = [root];
-  while (todo.length) {
-    for (const c of children.get(todo.pop()!) ?? []) {
-      out.push(c);
-      todo.push(c);
-    }
-  }
-  return out.filter(running);
-}
-
-async function waitFor<T>(
-  what: string,
-  check: () => T | undefined | false | Promise<T | undefined | false>,
-  timeoutMs = 20_000,
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await check();
-    if (v !== undefined && v !== false) return v;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(50);
-  }
 }
 
 interface StackRun {

@@ -28,17 +28,19 @@ export async function problemOf(res: Response, status: number): Promise<ProblemB
 }
 
 /** Polls `check` until it returns a value other than undefined, or fails after `timeoutMs`. */
+/** Polls `check` until it returns something other than undefined or false. */
 export async function waitFor<T>(
   what: string,
-  check: () => Promise<T | undefined> | T | undefined,
-  { timeoutMs = 5000, intervalMs = 50 } = {},
+  check: () => Promise<T | undefined | false> | T | undefined | false,
+  opts: number | { timeoutMs?: number; intervalMs?: number } = {},
 ): Promise<T> {
+  const { timeoutMs = 5000, intervalMs = 50 } = typeof opts === "number" ? { timeoutMs: opts } : opts;
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   for (;;) {
     try {
       const v = await check();
-      if (v !== undefined) return v;
+      if (v !== undefined && v !== false) return v;
     } catch (err) {
       last = err;
     }
