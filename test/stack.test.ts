@@ -5,10 +5,11 @@
 // 127.0.42.0/24, so this file never meets a developer's stack (127.0.0.1:4222/8080..., 127.0.1.x,
 // 127.0.3.x) nor test/compute.test.ts (127.0.30-32.x).
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { existsSync, readFileSync, readdirSync, readlinkSync, statSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:net";
 import { join } from "node:path";
+import { promisify } from "node:util";
 import { test, type TestContext } from "node:test";
 import { waitFor as poll } from "./testkit/client.js";
 import { descendants, lifo, running } from "./testkit/proc.js";
@@ -36,7 +37,23 @@ interface StackJson {
   dataDir: string;
   logs: string;
   pid: number;
-  demo: { apiKey: string; httpFunctionId: string; httpFunctionVersionId: string; httpFunctionName: string };
+  demo: {
+    apiKey: string;
+    httpFunctionId: string;
+    httpFunctionVersionId: string;
+    httpFunctionName: string;
+    sseFunctionId: string;
+    slowFunctionId: string;
+  };
+}
+
+/** Runs a command line the stack printed for users, as a user's shell would, with KEY set. */
+async function runPrinted(line: string, key: string): Promise<string> {
+  const { stdout } = await promisify(execFile)("sh", ["-c", line], {
+    env: { ...process.env, KEY: key },
+    timeout: 30_000,
+  });
+  return stdout;
 }
 
 async function freePort(host: string): Promise<number> {
@@ -255,6 +272,40 @@ test("local stack", async (t) => {
   );
 
   await t.test(
+    "the curl commands the stack prints get an SSE stream and a 202 answered by polling",
+    async () => {
+      assert.ok(info, "the stack came up");
+      const printed = first
+        .output()
+        .split("\n")
+        .map((l) => l.trim())
+        .filter((l) => l.startsWith("curl "));
+      const sse = printed.find((l) => l.includes(info!.demo.sseFunctionId));
+      const slow = printed.find((l) => l.includes(info!.demo.slowFunctionId));
+      const status = printed.find((l) => l.includes("/pexec/status/<NVCF-REQID>"));
+      assert.ok(sse && slow && status, `the stack printed the commands:\n${printed.join("\n")}`);
+
+      const events = await runPrinted(sse, info.demo.apiKey);
+      assert.deepEqual(
+        [...events.matchAll(/^id: (\d+)$/gm)].map((m) => m[1]),
+        ["0", "1", "2", "3", "4"],
+        events,
+      );
+      assert.match(events, /event: done/);
+
+      const first202 = await runPrinted(slow, info.demo.apiKey);
+      assert.match(first202, /^HTTP\/1\.1 202 /, first202);
+      const reqId = /^nvcf-reqid: (\S+)/im.exec(first202)?.[1];
+      assert.ok(reqId, first202);
+      const answer = await waitFor("the polled answer", async () => {
+        const r = await runPrinted(status.replace("<NVCF-REQID>", reqId), info!.demo.apiKey);
+        return /^HTTP\/1\.1 200 /.test(r) ? r : undefined;
+      });
+      assert.match(answer, /\{"done":true,"seconds":6\}/);
+    },
+  );
+
+  await t.test(
     "a second stack on the same data folder refuses with one line naming the running one",
     async () => {
       assert.ok(info, "the stack came up");
@@ -334,10 +385,14 @@ test("local stack", async (t) => {
         },
       );
       assert.equal(fns.status, 200, fns.text);
-      const demos = fns.body.functions.filter((f) => f.name.startsWith("demo-echo"));
+      const demos = fns.body.functions.filter((f) => f.name.startsWith("demo-"));
       assert.deepEqual(
-        demos.map((f) => f.id),
-        [firstDemoId],
+        demos.map((f) => f.id).sort(),
+        [firstDemoId, info2.demo.sseFunctionId, info2.demo.slowFunctionId].sort(),
+      );
+      assert.deepEqual(
+        [info2.demo.sseFunctionId, info2.demo.slowFunctionId],
+        [info!.demo.sseFunctionId, info!.demo.slowFunctionId],
       );
       const r = await invoke(info2.invocation[1], firstDemoId, info2.demo.apiKey, { again: true });
       assert.equal(r.status, 200, r.text);

@@ -59,6 +59,10 @@ const stackFileSchema = z.looseObject({
       apiKey: z.string().optional(),
       httpFunctionId: z.string().optional(),
       httpFunctionName: z.string().optional(),
+      sseFunctionId: z.string().optional(),
+      sseFunctionName: z.string().optional(),
+      slowFunctionId: z.string().optional(),
+      slowFunctionName: z.string().optional(),
     })
     .optional(),
 });

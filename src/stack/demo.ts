@@ -1,6 +1,9 @@
-// The demo the stack sets up on first start: an echo function (the example inference server's
-// /echo route), deployed with two instances, and an API key to invoke it. Its ids live in
-// <data>/demo.json so that a second start reuses them instead of creating another function.
+// The demo the stack sets up on first start: three functions on the example inference server, so
+// that each kind of answer can be tried with curl at once: demo-echo (its /echo route, two
+// instances: a 200 with the body back), demo-stream (/sse: server-sent events, one by one) and
+// demo-slow (/slow: answers after ?seconds=N, writing progress, so a short NVCF-POLL-SECONDS gets a
+// 202 and the answer comes from polling), and an API key to invoke them. Their ids live in
+// <data>/demo.json so that a second start reuses them instead of creating more functions.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -11,7 +14,58 @@ export interface Demo {
   httpFunctionId: string;
   httpFunctionVersionId: string;
   httpFunctionName: string;
+  sseFunctionId: string;
+  sseFunctionVersionId: string;
+  sseFunctionName: string;
+  slowFunctionId: string;
+  slowFunctionVersionId: string;
+  slowFunctionName: string;
   apiKey: string;
+}
+
+type Kind = "http" | "sse" | "slow";
+
+const FUNCTIONS: ReadonlyArray<{
+  kind: Kind;
+  name: string;
+  inferenceUrl: string;
+  instances: number;
+  description: string;
+}> = [
+  {
+    kind: "http",
+    name: "demo-echo",
+    inferenceUrl: "/echo",
+    instances: 2,
+    description: "callplane demo: echoes the request body",
+  },
+  {
+    kind: "sse",
+    name: "demo-stream",
+    inferenceUrl: "/sse",
+    instances: 1,
+    description: "callplane demo: server-sent events (?events=5&intervalMs=200)",
+  },
+  {
+    kind: "slow",
+    name: "demo-slow",
+    inferenceUrl: "/slow",
+    instances: 1,
+    description: "callplane demo: answers after ?seconds=3, reporting progress meanwhile",
+  },
+];
+
+interface DemoFunction {
+  id: string;
+  versionId: string;
+  name: string;
+}
+
+function get(demo: Partial<Demo>, kind: Kind): DemoFunction | undefined {
+  const id = demo[`${kind}FunctionId`];
+  const versionId = demo[`${kind}FunctionVersionId`];
+  const name = demo[`${kind}FunctionName`];
+  return id && versionId && name ? { id, versionId, name } : undefined;
 }
 
 async function api<T>(
@@ -42,93 +96,106 @@ export async function ensureDemo(opts: {
   const signer = await createAdminTokenSigner(readFileSync(opts.signingKeyFile, "utf8"), 3600);
   const token = (await signer.sign({ subject: "callplane-stack" })).token;
   const file = join(opts.dataDir, "demo.json");
-  if (existsSync(file)) {
-    const demo = JSON.parse(readFileSync(file, "utf8")) as Demo;
-    const fn = await api(
-      opts.apiUrl,
-      token,
-      "GET",
-      `/v2/nvcf/functions/${demo.httpFunctionId}/versions/${demo.httpFunctionVersionId}`,
-    );
-    if (fn.status === 200) {
-      const dep = await api(
+  const recorded: Partial<Demo> = existsSync(file)
+    ? (JSON.parse(readFileSync(file, "utf8")) as Partial<Demo>)
+    : {};
+  const demo: Partial<Demo> = {};
+  const created: string[] = [];
+  let lost = false;
+  for (const f of FUNCTIONS) {
+    const known = get(recorded, f.kind);
+    let fn: DemoFunction | undefined;
+    if (known) {
+      const found = await api(
         opts.apiUrl,
         token,
         "GET",
-        `/v2/nvcf/deployments/functions/${demo.httpFunctionId}/versions/${demo.httpFunctionVersionId}`,
+        `/v2/nvcf/functions/${known.id}/versions/${known.versionId}`,
       );
-      if (dep.status === 404) await deploy(opts.apiUrl, token, demo);
-      opts.say(`reusing the demo function ${demo.httpFunctionName} (${demo.httpFunctionId})`);
-      return demo;
+      if (found.status === 200) {
+        fn = known;
+        const dep = await api(opts.apiUrl, token, "GET", deploymentPath(fn));
+        if (dep.status === 404) await deploy(opts.apiUrl, token, fn, f.instances);
+        opts.say(`reusing the demo function ${fn.name} (${fn.id})`);
+      } else {
+        // the store was reset under the data folder: the recorded key is gone with it
+        lost = true;
+        opts.say(`the demo function ${known.name} recorded in demo.json is gone; creating it again`);
+      }
     }
-    opts.say("the demo function recorded in demo.json is gone; creating it again");
+    if (!fn) {
+      fn = await create(opts.apiUrl, token, f);
+      await deploy(opts.apiUrl, token, fn, f.instances);
+      created.push(
+        `${fn.name} (${fn.id}, ${f.instances === 1 ? "one instance" : `${f.instances} instances`})`,
+      );
+    }
+    demo[`${f.kind}FunctionId`] = fn.id;
+    demo[`${f.kind}FunctionVersionId`] = fn.versionId;
+    demo[`${f.kind}FunctionName`] = fn.name;
   }
-  let name = "demo-echo";
-  let created = await api<{ function: { id: string; versionId: string } }>(
-    opts.apiUrl,
-    token,
-    "POST",
-    "/v2/nvcf/functions",
-    {
-      name,
-      inferenceUrl: "/echo",
-      inferencePort: 8000,
-      containerImage: "local/echo",
-      health: { protocol: "HTTP", uri: "/health", timeout: "PT10S", expectedStatusCode: 200 },
-      description: "callplane demo: echoes the request body",
-    },
-  );
-  if (created.status === 409) {
-    name = `demo-echo-${Date.now().toString(36)}`;
-    created = await api(opts.apiUrl, token, "POST", "/v2/nvcf/functions", {
-      name,
-      inferenceUrl: "/echo",
-      containerImage: "local/echo",
-      health: { uri: "/health" },
+  demo.apiKey = lost ? undefined : recorded.apiKey;
+  if (!demo.apiKey) {
+    const key = await api<{ value: string }>(opts.apiUrl, token, "POST", "/v1/keys", {
+      description: "callplane demo key",
+      expires_at: new Date(Date.now() + 365 * 86_400_000).toISOString(),
     });
+    if (key.status !== 200) throw new Error(`creating the demo API key failed: ${JSON.stringify(key.body)}`);
+    demo.apiKey = key.body.value;
   }
-  if (created.status !== 200)
-    throw new Error(`creating the demo function failed: ${JSON.stringify(created.body)}`);
-  const key = await api<{ value: string }>(opts.apiUrl, token, "POST", "/v1/keys", {
-    description: "callplane demo key",
-    expires_at: new Date(Date.now() + 365 * 86_400_000).toISOString(),
-  });
-  if (key.status !== 200) throw new Error(`creating the demo API key failed: ${JSON.stringify(key.body)}`);
-  const demo: Demo = {
-    httpFunctionId: created.body.function.id,
-    httpFunctionVersionId: created.body.function.versionId,
-    httpFunctionName: name,
-    apiKey: key.body.value,
-  };
-  await deploy(opts.apiUrl, token, demo);
-  writeFileAtomic(file, `${JSON.stringify(demo, null, 2)}\n`, 0o600);
-  opts.say(`created the demo function ${name} (${demo.httpFunctionId}) with two instances`);
-  return demo;
+  const complete = demo as Demo;
+  writeFileAtomic(file, `${JSON.stringify(complete, null, 2)}\n`, 0o600);
+  if (created.length) opts.say(`created the demo functions ${created.join(", ")}`);
+  return complete;
 }
 
-async function deploy(apiUrl: string, token: string, demo: Demo): Promise<void> {
-  const r = await api(
+async function create(apiUrl: string, token: string, f: (typeof FUNCTIONS)[number]): Promise<DemoFunction> {
+  const body = (name: string) => ({
+    name,
+    inferenceUrl: f.inferenceUrl,
+    inferencePort: 8000,
+    containerImage: "local/echo",
+    health: { protocol: "HTTP", uri: "/health", timeout: "PT10S", expectedStatusCode: 200 },
+    description: f.description,
+  });
+  let name = f.name;
+  let created = await api<{ function: { id: string; versionId: string } }>(
     apiUrl,
     token,
     "POST",
-    `/v2/nvcf/deployments/functions/${demo.httpFunctionId}/versions/${demo.httpFunctionVersionId}`,
-    {
-      deploymentSpecifications: [
-        {
-          gpu: "local",
-          instanceType: "local.cpu",
-          minInstances: 2,
-          maxInstances: 2,
-          maxRequestConcurrency: 16,
-        },
-      ],
-    },
+    "/v2/nvcf/functions",
+    body(name),
   );
-  if (r.status !== 200 && r.status !== 409)
-    throw new Error(`deploying the demo function failed: ${JSON.stringify(r.body)}`);
+  if (created.status === 409) {
+    // a function of that name that this stack did not record (made by hand, or demo.json lost)
+    name = `${f.name}-${Date.now().toString(36)}`;
+    created = await api(apiUrl, token, "POST", "/v2/nvcf/functions", body(name));
+  }
+  if (created.status !== 200)
+    throw new Error(`creating the demo function ${name} failed: ${JSON.stringify(created.body)}`);
+  return { id: created.body.function.id, versionId: created.body.function.versionId, name };
 }
 
-/** Waits until the demo's deployment has an ACTIVE instance (created at `since` or later, when given). */
+const deploymentPath = (fn: DemoFunction) =>
+  `/v2/nvcf/deployments/functions/${fn.id}/versions/${fn.versionId}`;
+
+async function deploy(apiUrl: string, token: string, fn: DemoFunction, instances: number): Promise<void> {
+  const r = await api(apiUrl, token, "POST", deploymentPath(fn), {
+    deploymentSpecifications: [
+      {
+        gpu: "local",
+        instanceType: "local.cpu",
+        minInstances: instances,
+        maxInstances: instances,
+        maxRequestConcurrency: 16,
+      },
+    ],
+  });
+  if (r.status !== 200 && r.status !== 409)
+    throw new Error(`deploying the demo function ${fn.name} failed: ${JSON.stringify(r.body)}`);
+}
+
+/** Waits until each demo function has an ACTIVE instance (created at `since` or later, when given). */
 export async function waitActive(
   apiUrl: string,
   signingKeyFile: string,
@@ -139,36 +206,41 @@ export async function waitActive(
   const signer = await createAdminTokenSigner(readFileSync(signingKeyFile, "utf8"), 3600);
   const token = (await signer.sign({ subject: "callplane-stack" })).token;
   const deadline = Date.now() + timeoutMs;
+  const waiting = new Map<Kind, DemoFunction>();
+  for (const f of FUNCTIONS) {
+    const fn = get(demo, f.kind);
+    if (fn) waiting.set(f.kind, fn);
+  }
   let last = "";
   while (Date.now() < deadline) {
-    const dep = await api<{
-      deployment: {
-        functionStatus: string;
-        instances: Array<{ instanceStatus: string; instanceCreatedAt: string; message?: string }>;
-      };
-    }>(
-      apiUrl,
-      token,
-      "GET",
-      `/v2/nvcf/deployments/functions/${demo.httpFunctionId}/versions/${demo.httpFunctionVersionId}`,
-    );
-    // Fix: functionStatus alone also counts ACTIVE rows that a stack killed without stopping left
-    // in the database, for instances that no longer exist; then the demo was invoked before any
-    // instance of this start was up.
-    const fresh = (i: { instanceCreatedAt: string }) =>
-      !since || Date.parse(i.instanceCreatedAt) >= since.getTime();
-    if (
-      dep.body?.deployment?.functionStatus === "ACTIVE" &&
-      dep.body.deployment.instances.some((i) => i.instanceStatus === "ACTIVE" && fresh(i))
-    )
-      return;
-    last = JSON.stringify(
-      dep.body?.deployment?.instances?.map((i) => i.message ?? i.instanceStatus) ?? dep.body,
-    );
+    for (const [kind, fn] of waiting) {
+      const dep = await api<{
+        deployment: {
+          functionStatus: string;
+          instances: Array<{ instanceStatus: string; instanceCreatedAt: string; message?: string }>;
+        };
+      }>(apiUrl, token, "GET", deploymentPath(fn));
+      // Fix: functionStatus alone also counts ACTIVE rows that a stack killed without stopping
+      // left in the database, for instances that no longer exist; then the demo was invoked
+      // before any instance of this start was up.
+      const fresh = (i: { instanceCreatedAt: string }) =>
+        !since || Date.parse(i.instanceCreatedAt) >= since.getTime();
+      if (
+        dep.body?.deployment?.functionStatus === "ACTIVE" &&
+        dep.body.deployment.instances.some((i) => i.instanceStatus === "ACTIVE" && fresh(i))
+      ) {
+        waiting.delete(kind);
+        continue;
+      }
+      last = `${fn.name}: ${JSON.stringify(
+        dep.body?.deployment?.instances?.map((i) => i.message ?? i.instanceStatus) ?? dep.body,
+      )}`;
+    }
+    if (waiting.size === 0) return;
     await sleep(250);
   }
   throw new Error(
-    `the demo function did not become ACTIVE within ${timeoutMs / 1000} s (instances: ${last})`,
+    `the demo functions did not become ACTIVE within ${timeoutMs / 1000} s (instances of ${last})`,
   );
 }
 

@@ -148,17 +148,31 @@ async function main(): Promise<void> {
       httpFunctionId: demo.httpFunctionId,
       httpFunctionVersionId: demo.httpFunctionVersionId,
       httpFunctionName: demo.httpFunctionName,
+      sseFunctionId: demo.sseFunctionId,
+      sseFunctionName: demo.sseFunctionName,
+      slowFunctionId: demo.slowFunctionId,
+      slowFunctionName: demo.slowFunctionName,
     },
   };
   stack.writeStackFile(info);
   say(`ready: ${stack.stackFile} lists every address; logs are in ${stack.logDir}`);
   console.log("");
-  console.log("  invoke the demo with curl:");
+  const pexec = `${invocation[0]}/v2/nvcf/pexec/functions`;
+  console.log("  invoke the demo with curl (KEY is the demo's API key):");
+  console.log("    KEY=$(jq -r .demo.apiKey .callplane/stack.json)");
   console.log(
-    `    curl -s -X POST -H "authorization: Bearer $(jq -r .demo.apiKey .callplane/stack.json)" \\`,
+    `    curl -s -X POST -H "authorization: Bearer $KEY" -H 'content-type: application/json' -d '{"hello":"world"}' ${pexec}/${demo.httpFunctionId}`,
+  );
+  console.log("  server-sent events, one by one as the inference server writes them:");
+  console.log(
+    `    curl -sN -X POST -H "authorization: Bearer $KEY" -H 'accept: text/event-stream' '${pexec}/${demo.sseFunctionId}?events=5&intervalMs=500'`,
+  );
+  console.log("  a 202 with NVCF-REQID after 2 s, then polling for the answer:");
+  console.log(
+    `    curl -si -X POST -H "authorization: Bearer $KEY" -H 'nvcf-poll-seconds: 2' -d '{}' '${pexec}/${demo.slowFunctionId}?seconds=6'`,
   );
   console.log(
-    `      -H 'content-type: application/json' -d '{"hello":"world"}' ${invocation[0]}/v2/nvcf/pexec/functions/${demo.httpFunctionId}`,
+    `    curl -si -H "authorization: Bearer $KEY" ${invocation[0]}/v2/nvcf/pexec/status/<NVCF-REQID>`,
   );
   console.log("  or with the CLI (it reads .callplane/stack.json):");
   console.log(`    bin/callplane invoke ${demo.httpFunctionName} --data '{"hello":"world"}'`);

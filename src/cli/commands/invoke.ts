@@ -110,7 +110,7 @@ export function registerInvoke(program: Command): void {
     .description("invoke a function and write its response to stdout")
     .argument(
       "<function>",
-      "function id, or name (a name is looked up with the admin token; the stack's demo function needs none)",
+      "function id, or name (a name is looked up with the admin token; the stack's demo functions need none)",
     )
     .option("--version <versionId>", "invoke this version (default: any deployed version)")
     .option("--data <body>", "request body; @file reads a file, @- reads stdin")
@@ -165,14 +165,23 @@ Examples:
       }
       let functionId: string;
       const demo = s.stack?.demo;
+      // the local stack's demo functions are named in stack.json, so they need no token to find
+      const demoId = !demo
+        ? undefined
+        : ref === demo.httpFunctionName
+          ? demo.httpFunctionId
+          : ref === demo.sseFunctionName
+            ? demo.sseFunctionId
+            : ref === demo.slowFunctionName
+              ? demo.slowFunctionId
+              : undefined;
       if (UUID.test(ref)) functionId = ref.toLowerCase();
       else if (s.token()) {
         const fn = await resolveFunction(new Api(s), ref);
         if (opts.version !== undefined) pickVersion(fn, opts.version, "invoke");
         functionId = fn.id;
-      } else if (demo?.httpFunctionId && ref === demo.httpFunctionName) {
-        // the local stack's demo function is named in stack.json, so it needs no token to find
-        functionId = demo.httpFunctionId;
+      } else if (demoId) {
+        functionId = demoId;
       } else {
         throw usageError(
           `"${ref}" is not a function id, and there is no admin token to look the name up with`,
