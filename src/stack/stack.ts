@@ -30,7 +30,8 @@ export class StackError extends Error {
 
 interface PidFile {
   pid: number;
-  children: Array<{ pid: number; cmdline: string }>;
+  /** `service` names the child as the stack's output and logs do (invocation-1, compute, ...). */
+  children: Array<{ pid: number; service?: string; cmdline: string }>;
 }
 
 export interface StackInfo {
@@ -102,7 +103,7 @@ export class LocalStack {
 
   private writePidFile(): void {
     const children = this.children.flatMap((c) =>
-      c.pid ? [{ pid: c.pid, cmdline: processCommandLine(c.pid) ?? "" }] : [],
+      c.pid ? [{ pid: c.pid, service: c.spec.name, cmdline: processCommandLine(c.pid) ?? "" }] : [],
     );
     writeFileAtomic(this.pidFile, JSON.stringify({ pid: process.pid, children } satisfies PidFile));
   }
