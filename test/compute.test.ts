@@ -8,6 +8,8 @@ import { spawn } from "node:child_process";
 import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect } from "@nats-io/transport-node";
 import { waitFor as poll } from "./testkit/client.js";
 import { cmdline, descendants, lifo, running } from "./testkit/proc.js";
 import { cidrContains, parseCidr } from "../src/lib/net.js";
@@ -105,6 +107,8 @@ test("compute agent, local backend (in process)", async (t) => {
       keepAliveSeconds: 10,
       ackWaitSeconds: 30,
       streamMaxMessages: 1000,
+      streamMaxMessageBytes: 1024 * 1024,
+      streamReplicas: 1,
       stopGraceMs: 5000,
       restart: { initialMs: 500, maxMs: 2000 },
       logLevel: "warn",
@@ -136,6 +140,16 @@ test("compute agent, local backend (in process)", async (t) => {
     for (const h of hosts) assert.ok(cidrContains(net, h), `${h} is in ${INSTANCE_NET}`);
     echoInstances = instancesOf(echo.vid);
     assert.equal(echoInstances.length, 2);
+    // the workers created the version's work queue with the limits the compute agent passed on
+    const nc = await connect({ servers: nats.url });
+    try {
+      const stream = await (await jetstreamManager(nc)).streams.info(`rq_local_${echo.vid}`);
+      assert.equal(stream.config.max_msgs, 1000);
+      assert.equal(stream.config.max_msg_size, 1024 * 1024);
+      assert.equal(stream.config.num_replicas, 1);
+    } finally {
+      await nc.close();
+    }
     for (const i of echoInstances) {
       assert.ok(running(i.pids.inference), `inference server of ${i.host} runs`);
       assert.ok(running(i.pids.worker), `worker of ${i.host} runs`);

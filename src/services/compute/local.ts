@@ -53,6 +53,8 @@ export interface InstanceEnvironment {
   keepAliveSeconds: number;
   ackWaitSeconds: number;
   streamMaxMessages: number;
+  streamMaxMessageBytes: number;
+  streamReplicas: number;
   stopGraceMs: number;
   restart: { initialMs: number; maxMs: number };
   logLevel: string;
@@ -187,6 +189,8 @@ export class LocalInstance {
         CALLPLANE_KEEPALIVE_SECONDS: String(this.env.keepAliveSeconds),
         CALLPLANE_ACK_WAIT_SECONDS: String(this.env.ackWaitSeconds),
         CALLPLANE_STREAM_MAX_MESSAGES: String(this.env.streamMaxMessages),
+        CALLPLANE_STREAM_MAX_MESSAGE_BYTES: String(this.env.streamMaxMessageBytes),
+        CALLPLANE_STREAM_REPLICAS: String(this.env.streamReplicas),
         CALLPLANE_LOG_LEVEL: this.env.logLevel,
         ...this.env.workerExtraEnv,
       },

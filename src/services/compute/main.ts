@@ -43,6 +43,8 @@ runService(
         keepAliveSeconds: config.worker.keepAliveSeconds,
         ackWaitSeconds: config.nats.consumer.ackWaitSeconds,
         streamMaxMessages: config.nats.stream.maxMessages,
+        streamMaxMessageBytes: config.nats.stream.maxMessageBytes,
+        streamReplicas: config.nats.stream.replicas,
         stopGraceMs: config.compute.stopGraceSeconds * 1000,
         restart: {
           initialMs: config.compute.restartBackoff.initialSeconds * 1000,

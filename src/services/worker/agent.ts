@@ -208,8 +208,8 @@ export function createWorkerAgent(
       );
       const queues = new WorkQueues(nc, cfg.region, {
         maxMessages: cfg.streamMaxMessages,
-        maxMessageBytes: 6 * 1024 * 1024,
-        replicas: 1,
+        maxMessageBytes: cfg.streamMaxMessageBytes,
+        replicas: cfg.streamReplicas,
         ackWaitSeconds: cfg.ackWaitSeconds,
       });
       await queues.ensure(cfg.functionVersionId);

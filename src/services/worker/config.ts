@@ -65,6 +65,8 @@ const envSchema = z.object({
   CALLPLANE_KEEPALIVE_SECONDS: z.coerce.number().positive().default(10),
   CALLPLANE_ACK_WAIT_SECONDS: z.coerce.number().positive().default(30),
   CALLPLANE_STREAM_MAX_MESSAGES: int(100_000, 1),
+  CALLPLANE_STREAM_MAX_MESSAGE_BYTES: int(6 * 1024 * 1024, 1024, 8 * 1024 * 1024),
+  CALLPLANE_STREAM_REPLICAS: int(1, 1, 5),
   CALLPLANE_LOG_LEVEL: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
 });
 
@@ -98,6 +100,8 @@ export interface WorkerConfig {
   keepAliveMs: number;
   ackWaitSeconds: number;
   streamMaxMessages: number;
+  streamMaxMessageBytes: number;
+  streamReplicas: number;
   logLevel: WorkerEnv["CALLPLANE_LOG_LEVEL"];
 }
 
@@ -168,6 +172,8 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     keepAliveMs: e.CALLPLANE_KEEPALIVE_SECONDS * 1000,
     ackWaitSeconds: e.CALLPLANE_ACK_WAIT_SECONDS,
     streamMaxMessages: e.CALLPLANE_STREAM_MAX_MESSAGES,
+    streamMaxMessageBytes: e.CALLPLANE_STREAM_MAX_MESSAGE_BYTES,
+    streamReplicas: e.CALLPLANE_STREAM_REPLICAS,
     logLevel: e.CALLPLANE_LOG_LEVEL,
   };
 }
