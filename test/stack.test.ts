@@ -6,7 +6,16 @@
 // 127.0.3.x) nor test/compute.test.ts (127.0.30-32.x).
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
-import { existsSync, readFileSync, readdirSync, readlinkSync, statSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  readdirSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -434,4 +443,35 @@ test("a port in use: the stack exits with one line naming it and leaves nothing 
   assert.match(out[0], /in use/);
   assert.deepEqual(processesOf(dir), []);
   assert.ok(!existsSync(join(cfg.dataDir, "stack.json")));
+});
+
+test("a lone key or CA file is refused in one line naming both fields, and left as it was", async (t) => {
+  const ctx = lifo(t);
+  const dir = tmpDir(ctx, "callplane-stack-keys-");
+  const cfg = await writeConfig(dir, "127.0.40.3", "127.0.41.128/25", "127.0.42.128/25");
+  // an operator's own verification key (an identity provider's), without a signing key beside it
+  const pub = join(cfg.dataDir, "keys", "admin-signing.pub.pem");
+  mkdirSync(join(cfg.dataDir, "keys"), { recursive: true });
+  writeFileSync(pub, "the identity provider's public key\n");
+  const run = runStack(ctx, dir, cfg.file);
+  const { code } = await run.exited;
+  assert.notEqual(code, 0);
+  // "starting a local stack in ...", then the one line that says what is wrong
+  const out = lines(run.output());
+  assert.equal(out.length, 2, run.output());
+  assert.match(out[1], /auth\.adminPublicKeyFile .* exists but auth\.adminSigningKeyFile .* does not/);
+  assert.equal(readFileSync(pub, "utf8"), "the identity provider's public key\n");
+  assert.deepEqual(processesOf(dir), []);
+
+  // the same for a CA certificate without its key
+  rmSync(join(cfg.dataDir, "keys"), { recursive: true });
+  const caCert = join(cfg.dataDir, "pki", "ca.crt");
+  mkdirSync(join(cfg.dataDir, "pki"), { recursive: true });
+  writeFileSync(caCert, "the operator's CA certificate\n");
+  const again = runStack(ctx, dir, cfg.file);
+  assert.notEqual((await again.exited).code, 0);
+  const out2 = lines(again.output());
+  assert.match(out2.at(-1) ?? "", /pki\.caCertFile .* exists but pki\.caKeyFile .* does not/);
+  assert.equal(readFileSync(caCert, "utf8"), "the operator's CA certificate\n");
+  assert.deepEqual(processesOf(dir), []);
 });

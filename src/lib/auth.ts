@@ -112,9 +112,19 @@ export function writeFileAtomic(path: string, data: string, mode = 0o600): void 
   renameSync(tmp, path);
 }
 
-/** Creates the admin signing key pair (EC P-256) if it does not exist yet. */
+/**
+ * Creates the admin signing key pair (EC P-256) when neither file exists. One file without the
+ * other is an error, never overwritten: it may be an identity provider's key the operator put there.
+ */
 export function ensureAdminKeyPair(privateKeyFile: string, publicKeyFile: string): { created: boolean } {
-  if (existsSync(privateKeyFile) && existsSync(publicKeyFile)) return { created: false };
+  const [havePrivate, havePublic] = [existsSync(privateKeyFile), existsSync(publicKeyFile)];
+  if (havePrivate && havePublic) return { created: false };
+  if (havePrivate || havePublic)
+    throw new Error(
+      havePrivate
+        ? `auth.adminSigningKeyFile (${privateKeyFile}) exists but auth.adminPublicKeyFile (${publicKeyFile}) does not: give both files of the pair, or neither to have a new pair generated`
+        : `auth.adminPublicKeyFile (${publicKeyFile}) exists but auth.adminSigningKeyFile (${privateKeyFile}) does not: the stack signs admin tokens (the issuer, the demo) and needs the signing key of that pair; give both files, or neither to have a new pair generated`,
+    );
   const { privateKey, publicKey } = generateKeyPairSync("ec", { namedCurve: "P-256" });
   writeFileAtomic(privateKeyFile, privateKey.export({ type: "pkcs8", format: "pem" }).toString(), 0o600);
   writeFileAtomic(publicKeyFile, publicKey.export({ type: "spki", format: "pem" }).toString(), 0o644);

@@ -129,9 +129,19 @@ export function pkiLayout(dir: string): PkiLayout {
   return { dir, caCertFile: join(dir, "ca.crt"), caKeyFile: join(dir, "ca.key") };
 }
 
-/** Loads the stack CA, creating it when it does not exist yet. */
+/**
+ * Loads the stack CA, creating it when neither file exists. One file without the other is an
+ * error, never overwritten: it may be the operator's own CA.
+ */
 export async function ensureCa(layout: PkiLayout): Promise<CaMaterial & { created: boolean }> {
-  if (existsSync(layout.caCertFile) && existsSync(layout.caKeyFile)) {
+  const [haveCert, haveKey] = [existsSync(layout.caCertFile), existsSync(layout.caKeyFile)];
+  if (haveCert !== haveKey)
+    throw new Error(
+      haveCert
+        ? `pki.caCertFile (${layout.caCertFile}) exists but pki.caKeyFile (${layout.caKeyFile}) does not: the stack issues certificates from the CA and needs its key; give both files, or neither to have a new CA generated`
+        : `pki.caKeyFile (${layout.caKeyFile}) exists but pki.caCertFile (${layout.caCertFile}) does not: give both files, or neither to have a new CA generated`,
+    );
+  if (haveCert && haveKey) {
     const ca = {
       certPem: readFileSync(layout.caCertFile, "utf8"),
       keyPem: readFileSync(layout.caKeyFile, "utf8"),

@@ -117,7 +117,12 @@ export class LocalStack {
 
   prepareSecrets(): void {
     const { config } = this.opts;
-    const { created } = ensureAdminKeyPair(config.auth.adminSigningKeyFile, config.auth.adminPublicKeyFile);
+    let created: boolean;
+    try {
+      ({ created } = ensureAdminKeyPair(config.auth.adminSigningKeyFile, config.auth.adminPublicKeyFile));
+    } catch (err) {
+      throw new StackError((err as Error).message);
+    }
     if (created) this.opts.say(`generated the admin signing key in ${config.auth.adminSigningKeyFile}`);
     ensureServiceTokens(config.auth.serviceTokenDir);
   }
@@ -131,6 +136,8 @@ export class LocalStack {
       dir: config.pki.dir,
       caCertFile: config.pki.caCertFile,
       caKeyFile: config.pki.caKeyFile,
+    }).catch((err: unknown) => {
+      throw new StackError((err as Error).message);
     });
     if (ca.created) this.opts.say(`generated the stack CA in ${config.pki.caCertFile}`);
     const certs = stackCertificates({

@@ -5,14 +5,7 @@ import { join } from "node:path";
 import type { Command } from "commander";
 import { loadConfig, ConfigError } from "../../lib/config.js";
 import { cidrHost, parseCidr } from "../../lib/net.js";
-import {
-  TLS_FILES,
-  describeCert,
-  ensureCa,
-  ensureServerCert,
-  pkiLayout,
-  stackCertificates,
-} from "../../lib/pki.js";
+import { TLS_FILES, describeCert, ensureCa, ensureServerCert, stackCertificates } from "../../lib/pki.js";
 import { CliError } from "../errors.js";
 import { printJson } from "../output.js";
 import { settingsFor } from "../settings.js";
@@ -121,7 +114,13 @@ export function registerPki(program: Command): void {
     .action(async (opts: { stackConfig?: string; force?: boolean }, cmd: Command) => {
       const s = settingsFor(cmd);
       const config = stackConfig(opts.stackConfig);
-      const ca = await ensureCa(pkiLayout(config.pki.dir));
+      const ca = await ensureCa({
+        dir: config.pki.dir,
+        caCertFile: config.pki.caCertFile,
+        caKeyFile: config.pki.caKeyFile,
+      }).catch((err: unknown) => {
+        throw new CliError((err as Error).message, "PKI");
+      });
       const done: Array<{ name: string; folder: string; action: string }> = [];
       for (const c of certificatesOf(config)) {
         done.push({
