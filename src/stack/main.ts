@@ -149,8 +149,10 @@ async function main(): Promise<void> {
       httpFunctionVersionId: demo.httpFunctionVersionId,
       httpFunctionName: demo.httpFunctionName,
       sseFunctionId: demo.sseFunctionId,
+      sseFunctionVersionId: demo.sseFunctionVersionId,
       sseFunctionName: demo.sseFunctionName,
       slowFunctionId: demo.slowFunctionId,
+      slowFunctionVersionId: demo.slowFunctionVersionId,
       slowFunctionName: demo.slowFunctionName,
     },
   };
