@@ -10,6 +10,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { test, type TestContext } from "node:test";
 import { promisify } from "node:util";
 import { REQUEST_ID, bearer, problemOf, waitFor } from "./testkit/client.js";
@@ -140,6 +141,40 @@ test("curl, as an independent client, gets the echoed body and the NVCF headers"
   assert.equal(headers.get("access-control-expose-headers")?.toLowerCase(), "nvcf-reqid", stdout);
   assert.ok(readFileSync(join(dir, "out.bin")).equals(body), "curl got a different body");
 });
+
+test(
+  "polls of one request at the same time each get an answer: 202s now, the final 200 once",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t, { replicas: 2, inferenceUrl: "/slow" });
+    // no progress files while it runs: only the window and the polls drive the answers
+    const first = await fetch(`${plane.invokeUrl(0)}?seconds=4&progressMs=100000`, {
+      method: "POST",
+      headers: bearer(plane.fn.apiKey, { "nvcf-poll-seconds": "1", "content-type": "application/json" }),
+      body: "{}",
+    });
+    assert.equal(first.status, 202, await first.text());
+    const id = first.headers.get("nvcf-reqid") ?? "";
+    // three polls with a long window, on both replicas, one after another but all open at once
+    const polls: Array<Promise<{ status: number; text: string }>> = [];
+    for (const r of [0, 1, 0]) {
+      polls.push(
+        fetch(`${plane.replicas[r].url}/v2/nvcf/pexec/status/${id}`, {
+          headers: bearer(plane.fn.apiKey, { "nvcf-poll-seconds": "30" }),
+        }).then(async (res) => ({ status: res.status, text: await res.text() })),
+      );
+      await sleep(300);
+    }
+    const answers = await Promise.all(polls);
+    // a superseded poll used to wait for its whole window and end in 504
+    assert.deepEqual(
+      answers.map((a) => a.status),
+      [202, 202, 200],
+      JSON.stringify(answers),
+    );
+    assert.deepEqual(JSON.parse(answers[2].text), { done: true, seconds: 4 });
+  },
+);
 
 test(
   "a long request answers 202 with progress, and any replica answers the polls until the final 200",

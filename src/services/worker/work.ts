@@ -345,7 +345,8 @@ export class WorkItem {
     }
   }
 
-  private async sendInProgress(target: CallbackTarget): Promise<void> {
+  /** A framed 202 with the progress as it stands: the partial response and the percentage. */
+  private inProgressMessage(): Buffer {
     const body =
       this.progress?.partial !== undefined
         ? Buffer.from(JSON.stringify(this.progress.partial))
@@ -355,13 +356,17 @@ export class WorkItem {
     if (this.progress?.percent !== undefined)
       headers.push(["NVCF-PERCENT-COMPLETE", String(this.progress.percent)]);
     headers.push(["Content-Length", String(body.length)]);
+    return Buffer.concat([serializeResponseHead(202, headers), body]);
+  }
+
+  private async sendInProgress(target: CallbackTarget): Promise<void> {
+    const message = this.inProgressMessage();
     this.progressUnreported = false;
     this.target = undefined;
     // polls may come only after the client has seen this 202, so listen before sending it
     this.listenForPolls();
     this.giveUpAt = Date.now() + Math.max(2 * this.pollSeconds, 10) * 1000;
-    const head = serializeResponseHead(202, headers);
-    await this.post(target, Buffer.concat([head, body]), head.length + body.length);
+    await this.post(target, message, message.length);
   }
 
   private listenForPolls(): void {
@@ -378,6 +383,14 @@ export class WorkItem {
         }
         const cfg = poll.statelessConfig?.connectionConfigs[0]?.config;
         if (cfg?.case !== "http1Config") return;
+        // Two polls at once (a client polling on two replicas, or retrying before its last poll
+        // ended): the waiting one is answered now with the progress as it stands, so that no
+        // poll waits for an answer that will go to another.
+        const superseded = this.target;
+        if (superseded) {
+          const message = this.inProgressMessage();
+          void this.post(superseded, message, message.length);
+        }
         this.target = {
           targetUri: cfg.value.targetURI,
           token: cfg.value.responseAuthorizationToken,
