@@ -123,6 +123,17 @@ test("a well-formed callback reaches the pod with its token, and leaves one acce
   assert.ok(!JSON.stringify(line).includes("t0k3n"), "the access log never holds the token");
 });
 
+test("a callback with Expect: 100-continue is forwarded: the proxy answers the expectation itself", async (t) => {
+  const f = await fixture(t);
+  // what curl sends for bodies over 1 MiB; the upstream client refused it before, and the worker
+  // got a 502 for a callback that was fine
+  const r = await rawTls(f.proxyPort, post(f, ["Expect: 100-continue"]), { ca: f.pki.ca.certPem });
+  assert.match(r.text, /^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 200 /, r.text);
+  assert.equal(f.pod.requests.length, 1);
+  assert.equal(f.pod.requests[0].body, "hello");
+  assert.equal(f.pod.requests[0].headers.expect, undefined, "the pod is not asked to continue again");
+});
+
 test("a Connection header cannot strip the Authorization a callback needs", async (t) => {
   const f = await fixture(t);
   const r = await rawTls(f.proxyPort, post(f, ["Connection: close, authorization, x-drop"], "x"), {

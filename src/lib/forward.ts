@@ -221,7 +221,11 @@ export function forward(
   });
 }
 
-/** Copies end-to-end request headers, dropping hop-by-hop ones and what a Connection header lists (except `protect`). */
+/**
+ * Copies end-to-end request headers, dropping hop-by-hop ones and what a Connection header lists
+ * (except `protect`). `Expect` is dropped too: Node's server has already answered
+ * `100-continue` to the client, and the upstream must not wait to send another.
+ */
 export function forwardHeaders(
   req: IncomingMessage,
   protect: ReadonlySet<string>,
@@ -232,7 +236,7 @@ export function forwardHeaders(
   const raw = req.rawHeaders;
   for (let i = 0; i < raw.length; i += 2) {
     const lower = raw[i].toLowerCase();
-    if (HOP_BY_HOP.has(lower) || drop.has(lower)) continue;
+    if (HOP_BY_HOP.has(lower) || lower === "expect" || drop.has(lower)) continue;
     if (listed.has(lower) && !protect.has(lower)) continue;
     const cur = out[lower];
     out[lower] =
