@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { generateKeyPairSync, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { request } from "node:http";
+import { connect as netConnect } from "node:net";
 import { describe, test } from "node:test";
 import { SignJWT, importPKCS8 } from "jose";
 import { sha256Hex } from "../src/lib/auth.js";
@@ -1445,5 +1446,83 @@ describe("tokens", () => {
     await expectInvalid("a.b.c", "garbage JWT");
     await expectInvalid("not-a-token", "garbage opaque token");
     assert.equal((await call(url, { token: admin })).status, 200, "the original token still works");
+  });
+});
+
+describe("HTTP edges", () => {
+  /** Sends raw bytes and returns what came back before the server closed or went quiet. */
+  function raw(
+    url: string,
+    text: string,
+  ): Promise<{ status: number | undefined; head: string; body: string }> {
+    const u = new URL(url);
+    return new Promise((resolve, reject) => {
+      // written, not ended: Node aborts a request whose client half-closes before it is answered
+      const s = netConnect(Number(u.port), u.hostname, () => s.write(text));
+      const chunks: Buffer[] = [];
+      s.on("data", (c: Buffer) => chunks.push(c));
+      s.setTimeout(5000, () => s.destroy());
+      s.on("error", reject);
+      s.on("close", () => {
+        const all = Buffer.concat(chunks).toString("latin1");
+        const [head = "", body = ""] = all.split("\r\n\r\n");
+        const m = /^HTTP\/1\.1 (\d{3})/.exec(head);
+        resolve({ status: m ? Number(m[1]) : undefined, head, body });
+      });
+    });
+  }
+  const problem = (body: string) => JSON.parse(body) as { code: string; detail: string; status: number };
+
+  test("no Host, two Authorization headers and an unknown Expect get problem answers", async (t) => {
+    const api = await startApi(t);
+    const admin = await api.adminToken();
+    const noHost = await raw(api.url, "GET /v2/nvcf/functions HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert.equal(noHost.status, 400, noHost.head);
+    assert.match(noHost.head, /content-type: application\/problem\+json/i);
+    assert.match(problem(noHost.body).detail, /Host header/);
+
+    // which of two Authorization headers counts must not depend on their order: both are refused
+    for (const order of [
+      [`Bearer ${admin}`, "Bearer forged"],
+      ["Bearer forged", `Bearer ${admin}`],
+    ]) {
+      const r = await raw(
+        api.url,
+        `GET /v2/nvcf/functions HTTP/1.1\r\nHost: x\r\nAuthorization: ${order[0]}\r\nAuthorization: ${order[1]}\r\nConnection: close\r\n\r\n`,
+      );
+      assert.equal(r.status, 400, r.head);
+      assert.equal(problem(r.body).code, "BAD_REQUEST");
+      assert.match(problem(r.body).detail, /more than one Authorization/);
+    }
+
+    const expect = await raw(
+      api.url,
+      `POST /v2/nvcf/functions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin}\r\nExpect: something-else\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`,
+    );
+    assert.equal(expect.status, 417, expect.head);
+    assert.equal(problem(expect.body).code, "EXPECTATION_FAILED");
+  });
+
+  test("header fields past Node's default count are not dropped: Authorization still counts", async (t) => {
+    const api = await startApi(t);
+    const admin = await api.adminToken();
+    const filler = Array.from({ length: 1200 }, (_, i) => `X-${i}: y`).join("\r\n");
+    const r = await raw(
+      api.url,
+      `GET /v2/nvcf/functions HTTP/1.1\r\nHost: x\r\n${filler}\r\nAuthorization: Bearer ${admin}\r\nConnection: close\r\n\r\n`,
+    );
+    assert.equal(r.status, 200, `${r.head}\n${r.body.slice(0, 300)}`);
+  });
+
+  test("ids in paths match regardless of case", async (t) => {
+    const api = await startApi(t);
+    const admin = await api.adminToken();
+    const f = await createFunction(api, admin, "upper");
+    const r = await call<{ function: { id: string } }>(
+      `${api.url}/v2/nvcf/functions/${f.id.toUpperCase()}/versions/${f.versionId.toUpperCase()}`,
+      { token: admin },
+    );
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.body.function.id, f.id);
   });
 });

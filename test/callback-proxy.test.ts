@@ -203,6 +203,24 @@ test("a Host header that disagrees with the target is refused", async (t) => {
     assert.equal(r.status, 400, host);
     assert.match(r.text, /PROXY_HOST_MISMATCH/);
   }
+  // two Host headers, the first one right: Node keeps only the first, so it is refused outright
+  const twice = await rawTls(f.proxyPort, post(f, ["Host: evil.example"]), { ca: f.pki.ca.certPem });
+  assert.equal(twice.status, 400, twice.text);
+  assert.match(twice.text, /PROXY_HOST_MISMATCH/);
+  assert.equal(f.pod.connections, 0);
+  // no Host at all is fine: the target names the pod, and the pod gets it as Host
+  const none = await rawTls(f.proxyPort, post(f).replace(`Host: ${POD}:${f.pod.port}\r\n`, ""), {
+    ca: f.pki.ca.certPem,
+  });
+  assert.equal(none.status, 200, none.text);
+  assert.equal(f.pod.requests.at(-1)?.headers.host, `${POD}:${f.pod.port}`);
+});
+
+test("an Expect other than 100-continue is 417 with a problem body, never forwarded", async (t) => {
+  const f = await fixture(t);
+  const r = await rawTls(f.proxyPort, post(f, ["Expect: 200-ok"]), { ca: f.pki.ca.certPem });
+  assert.equal(r.status, 417, r.text);
+  assert.match(r.text, /application\/problem\+json[\s\S]*EXPECTATION_FAILED/);
   assert.equal(f.pod.connections, 0);
 });
 
@@ -321,6 +339,7 @@ test("oversized heads are answered 431", async (t) => {
   const f = await fixture(t);
   const big = await rawTls(f.proxyPort, post(f, [`X-Big: ${"a".repeat(20_000)}`]), { ca: f.pki.ca.certPem });
   assert.equal(big.status, 431);
+  assert.match(big.text, /application\/problem\+json[\s\S]*HEADERS_TOO_LARGE/);
   const many = await rawTls(
     f.proxyPort,
     post(

@@ -151,6 +151,14 @@ test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
     headers: { "content-type": "application/json" },
   });
   assertProblem(malformed, 400, "MALFORMED_JSON");
+  // the body cannot choose scopes or a longer life: asking is refused, not silently ignored
+  const asking = await call(`${issuer}/v1/admin/keys`, {
+    method: "POST",
+    body: { scopes: ["everything"], ttlSeconds: 999_999_999 },
+  });
+  const p = assertProblem(asking, 400, "VALIDATION_FAILED");
+  assert.match(p.detail, /empty body.*scopes, ttlSeconds/);
+  assert.equal((await call(`${issuer}/v1/admin/keys`, { method: "POST", body: {} })).status, 200);
 });
 
 test("GET /v1/admin/keys is 405 and other paths are 404", async (t) => {

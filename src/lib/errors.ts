@@ -12,6 +12,8 @@ export const ERROR_CODES = {
   UNSUPPORTED_MEDIA_TYPE: { status: 415, kind: "user", title: "Unsupported content type" },
   BODY_TOO_LARGE: { status: 413, kind: "user", title: "Request body too large" },
   HEADERS_TOO_LARGE: { status: 431, kind: "user", title: "Request headers too large" },
+  REQUEST_TIMEOUT: { status: 408, kind: "user", title: "Request not received in time" },
+  EXPECTATION_FAILED: { status: 417, kind: "user", title: "Unsupported expectation" },
   NOT_FOUND: { status: 404, kind: "user", title: "No such route" },
   METHOD_NOT_ALLOWED: { status: 405, kind: "user", title: "Method not allowed" },
   // authentication and authorisation

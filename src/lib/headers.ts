@@ -60,3 +60,11 @@ export function endToEndHeaders(
   }
   return out;
 }
+
+/** How many times a header (lower-case name) occurs in raw header pairs. */
+export function countHeader(raw: readonly string[], name: string): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i += 2)
+    if (raw[i].length === name.length && raw[i].toLowerCase() === name) n++;
+  return n;
+}

@@ -1,13 +1,22 @@
 // The small HTTP layer every service shares: a router on core node:http, JSON and problem+json
 // answers, body limits counted while streaming, /health and /metrics, and the two ways to stop:
 // close() drains (late requests get 503 with Connection: close), destroy() cuts every connection.
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import {
+  STATUS_CODES,
+  createServer,
+  type IncomingMessage,
+  type Server,
+  type ServerResponse,
+} from "node:http";
 import { createServer as createTlsServer, type ServerOptions as HttpsServerOptions } from "node:https";
 import type { Socket } from "node:net";
 import { CallplaneError, isUserError, toCallplaneError } from "./errors.js";
+import { countHeader } from "./headers.js";
 import type { Logger } from "./log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "./metrics.js";
 import { formatHostPort, type HostPort } from "./net.js";
+
+const UUID_ANY_CASE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 export interface RequestContext {
   req: IncomingMessage;
@@ -60,7 +69,9 @@ export class Router {
             break;
           }
           try {
-            params[seg.slice(1)] = decodeURIComponent(parts[i]);
+            const value = decodeURIComponent(parts[i]);
+            // ids are UUIDs, stored in lower case; RFC 9562 has them compared regardless of case
+            params[seg.slice(1)] = UUID_ANY_CASE.test(value) ? value.toLowerCase() : value;
           } catch {
             ok = false;
             break;
@@ -103,8 +114,18 @@ export function sendProblem(
   log: Logger,
   headers: Record<string, string> = {},
 ): void {
+  if (clientWentAway(err, res.req)) {
+    // nothing to answer: the client is gone, which is not the service's fault
+    log.debug({ err: (err as Error).message }, "the client went away before its request was read");
+    res.destroy();
+    return;
+  }
   const e = toCallplaneError(err);
   if (isUserError(e)) log.debug({ code: e.code, detail: e.message }, "request refused");
+  // an answer the service chose (a holder that is gone, a window that ended) is an event to note;
+  // an exception it did not expect is an error, with its stack
+  else if (err instanceof CallplaneError && err.cause === undefined)
+    log.warn({ code: e.code, detail: e.message }, "request failed");
   else log.error({ code: e.code, err: e.cause ?? e }, e.message);
   if (res.headersSent || res.destroyed) {
     res.destroy();
@@ -122,6 +143,9 @@ export function sendProblem(
 export function bearerToken(req: IncomingMessage): string {
   const h = req.headers.authorization;
   if (!h) throw new CallplaneError("UNAUTHENTICATED", "send an Authorization: Bearer <token> header");
+  // Node keeps only the first of several; which one counts must not depend on their order
+  if (countHeader(req.rawHeaders, "authorization") > 1)
+    throw new CallplaneError("BAD_REQUEST", "the request has more than one Authorization header; send one");
   const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
   if (!m)
     throw new CallplaneError(
@@ -179,9 +203,62 @@ export interface HttpServiceOptions {
   tls?: HttpsServerOptions;
   /** Extra readiness check for GET /health (true = ready). */
   ready?: () => boolean;
-  /** Headers every answer of this service carries. */
+  /** The largest request head, in bytes (16 KiB by default); a larger one is answered 431. */
   maxHeaderSize?: number;
+  /**
+   * How long a whole request (head and body) may take to arrive; 0 for no limit. Services whose
+   * bodies are small set it, so a client that stops sending cannot hold a connection; services
+   * that stream bodies of any size leave it off.
+   */
   requestTimeoutMs?: number;
+}
+
+/**
+ * The raw answer to a request that Node's parser refused before any handler saw it (the server's
+ * `clientError`): a problem body, then the connection closes.
+ */
+export function clientErrorAnswer(err: NodeJS.ErrnoException): { status: number; raw: string } {
+  const [status, code, detail]: [number, "HEADERS_TOO_LARGE" | "REQUEST_TIMEOUT" | "BAD_REQUEST", string] =
+    err.code === "HPE_HEADER_OVERFLOW"
+      ? [431, "HEADERS_TOO_LARGE", "the request head is larger than the limit; send fewer or smaller headers"]
+      : err.code === "ERR_HTTP_REQUEST_TIMEOUT"
+        ? [
+            408,
+            "REQUEST_TIMEOUT",
+            "the request did not arrive in time; send the head and body without pausing",
+          ]
+        : [400, "BAD_REQUEST", `malformed HTTP request (${err.code ?? err.message})`];
+  const body = JSON.stringify(new CallplaneError(code, detail).toProblem());
+  return {
+    status,
+    raw: `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ""}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  };
+}
+
+/** Answers an `Expect` other than `100-continue` (Node's server would send a bare 417). */
+export function expectationFailed(req: IncomingMessage, res: ServerResponse): void {
+  const body = JSON.stringify(
+    new CallplaneError(
+      "EXPECTATION_FAILED",
+      `Expect: ${req.headers.expect ?? ""} is not supported; only Expect: 100-continue is`,
+    ).toProblem(),
+  );
+  res.writeHead(417, {
+    "content-type": "application/problem+json",
+    "content-length": Buffer.byteLength(body),
+    connection: "close",
+  });
+  res.end(body);
+  req.resume();
+}
+
+/** Whether an error is a client that went away mid-request (not a fault of the service). */
+export function clientWentAway(err: unknown, req: IncomingMessage | undefined): boolean {
+  const e = err as NodeJS.ErrnoException | undefined;
+  return (
+    (e?.code === "ECONNRESET" || e?.message === "aborted" || e?.code === "ERR_STREAM_PREMATURE_CLOSE") &&
+    (req?.destroyed ?? true)
+  );
 }
 
 export interface HttpService {
@@ -232,6 +309,13 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       }
     });
     const log = logger;
+    if (req.headers.host === undefined && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) {
+      // (Node's own check would answer a bare 400 with no body)
+      sendProblem(res, new CallplaneError("BAD_REQUEST", "an HTTP/1.1 request needs a Host header"), log, {
+        connection: "close",
+      });
+      return;
+    }
     if (method === "GET" && path === "/health") {
       routeLabel = "/health";
       const ok = !draining && (opts.ready?.() ?? true);
@@ -293,12 +377,21 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     if (result) result.catch((err: unknown) => sendProblem(res, err, log));
   };
 
+  const serverOptions = {
+    maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024,
+    keepAliveTimeout: 65_000,
+    // answered by handle() with a problem body
+    requireHostHeader: false,
+    // how often Node looks for requests past headersTimeout or requestTimeout (default 30 s)
+    connectionsCheckingInterval: 5_000,
+  };
   const server: Server = opts.tls
-    ? createTlsServer(
-        { ...opts.tls, maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024, keepAliveTimeout: 65_000 },
-        handle,
-      )
-    : createServer({ maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024, keepAliveTimeout: 65_000 }, handle);
+    ? createTlsServer({ ...opts.tls, ...serverOptions }, handle)
+    : createServer(serverOptions, handle);
+  // no count of header fields beyond the head's size limit: past Node's default count (2000 lines),
+  // later fields, Authorization or Content-Type among them, would be dropped without a word
+  server.maxHeadersCount = 0;
+  server.on("checkExpectation", expectationFailed);
   // 65 s, above the idle timeouts of the clients that pool connections to us (undici: 4–30 s, load
   // balancers: 60 s), so a client never sends a request on a connection this side is closing
   server.requestTimeout = opts.requestTimeoutMs ?? 0;
@@ -308,22 +401,11 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     s.once("close", () => sockets.delete(s));
   });
   server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) => {
-    if (!socket.writable) {
+    if (!socket.writable || err.code === "ECONNRESET" || err.code === "EPIPE") {
       socket.destroy();
       return;
     }
-    const status = err.code === "HPE_HEADER_OVERFLOW" ? 431 : 400;
-    const code = status === 431 ? "HEADERS_TOO_LARGE" : "BAD_REQUEST";
-    const problem = new CallplaneError(
-      code,
-      status === 431
-        ? "request headers are larger than the limit"
-        : `malformed HTTP request (${err.code ?? err.message})`,
-    ).toProblem();
-    const body = JSON.stringify(problem);
-    socket.end(
-      `HTTP/1.1 ${status} ${status === 431 ? "Request Header Fields Too Large" : "Bad Request"}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-    );
+    socket.end(clientErrorAnswer(err).raw);
   });
 
   return {

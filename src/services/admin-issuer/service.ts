@@ -3,6 +3,7 @@
 // default and must never be exposed; an install with its own identity provider turns it off
 // (adminIssuerProxy.enabled: false) and then this service is not started and its key not loaded.
 import { createAdminTokenSigner } from "../../lib/auth.js";
+import { CallplaneError } from "../../lib/errors.js";
 import { Router, createHttpService, readJson, sendJson } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, Counter, type Registry } from "../../lib/metrics.js";
@@ -28,7 +29,17 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
   signerPromise.catch(() => undefined);
   const router = new Router();
   router.add("POST", "/v1/admin/keys", async ({ req, res }) => {
-    await readJson(req, 16 * 1024);
+    // The body is `{}` (as upstream): the issuer cannot be asked for other scopes or a longer life,
+    // and a request that tries is refused rather than silently answered with the defaults.
+    const body = await readJson(req, 16 * 1024);
+    if (body !== undefined && (typeof body !== "object" || body === null || Array.isArray(body)))
+      throw new CallplaneError("VALIDATION_FAILED", "the body must be an empty JSON object: {}");
+    const fields = body ? Object.keys(body) : [];
+    if (fields.length)
+      throw new CallplaneError(
+        "VALIDATION_FAILED",
+        `the issuer takes an empty body ({}); it sets the scopes and expiry itself (unknown fields: ${fields.slice(0, 10).join(", ")})`,
+      );
     const signer = await signerPromise;
     const t = await signer.sign();
     issued.inc();
@@ -63,7 +74,14 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
       },
     });
   });
-  const http = createHttpService({ name: "admin-issuer", listen: opts.listen, logger, registry, router });
+  const http = createHttpService({
+    name: "admin-issuer",
+    listen: opts.listen,
+    logger,
+    registry,
+    router,
+    requestTimeoutMs: 60_000,
+  });
   return {
     http,
     async listen() {

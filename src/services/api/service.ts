@@ -657,7 +657,15 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     res.writeHead(204).end();
   });
 
-  const http = createHttpService({ name: "api", listen: opts.listen, logger, registry, router });
+  // bodies here are small JSON documents: a client that stops sending is cut off after 60 s
+  const http = createHttpService({
+    name: "api",
+    listen: opts.listen,
+    logger,
+    registry,
+    router,
+    requestTimeoutMs: 60_000,
+  });
   return {
     http,
     async listen() {

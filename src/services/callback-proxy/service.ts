@@ -11,6 +11,8 @@ import { checkServerIdentity, type PeerCertificate } from "node:tls";
 import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { forward, forwardHeaders } from "../../lib/forward.js";
+import { countHeader } from "../../lib/headers.js";
+import { clientErrorAnswer, expectationFailed } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, createRegistry, type Registry } from "../../lib/metrics.js";
 import { formatHostPort, parseCidr, undashIp, type HostPort } from "../../lib/net.js";
@@ -242,14 +244,18 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     }
     // 2. the Host header must name the same pod as the target (RFC 9112 lets a proxy ignore it; a
     // disagreement is a sign of a confused client or an attack, so it is refused)
+    // (Node keeps only the first of several Host headers, so more than one is refused outright)
     const host = req.headers.host?.toLowerCase();
-    if (host !== undefined && host !== target.authority && host !== target.podName) {
+    const hosts = countHeader(req.rawHeaders, "host");
+    if (hosts > 1 || (host !== undefined && host !== target.authority && host !== target.podName)) {
       refuse(
         req,
         res,
         new CallplaneError(
           "PROXY_HOST_MISMATCH",
-          `the Host header (${host.slice(0, 100)}) does not name the target ${target.authority}`,
+          hosts > 1
+            ? `the request has ${hosts} Host headers; send one, naming the target ${target.authority}`
+            : `the Host header (${(host ?? "").slice(0, 100)}) does not name the target ${target.authority}`,
         ),
         "refused_host",
         started,
@@ -461,6 +467,8 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       // how often Node looks for heads that take longer than headersTimeout (slowloris); its
       // default, 30 s, would let a slow client hold a connection far past the limit
       connectionsCheckingInterval: Math.min(1000, opts.timeouts.headersMs),
+      // a callback without Host is allowed (the target names the pod); Node would answer a bare 400
+      requireHostHeader: false,
       // a large answer arrives from the pod in 16 KiB TLS records; with the default 16 KiB buffer
       // toward the worker, every record would pause and resume the upstream read
       highWaterMark: 256 * 1024,
@@ -472,6 +480,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   // connection is cut.
   server.timeout = opts.timeouts.idleMs + 5000;
   server.on("connect", handleConnect);
+  server.on("checkExpectation", expectationFailed);
   server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) => {
     // a connection that closed or reset without a request (a health check's connect-and-close) is
     // no callback: nothing to answer, nothing to count
@@ -479,8 +488,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       socket.destroy();
       return;
     }
-    const status =
-      err.code === "HPE_HEADER_OVERFLOW" ? 431 : err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : 400;
+    const { status, raw } = clientErrorAnswer(err);
     callbacks.inc({ outcome: status === 431 ? "refused_headers" : "refused_framing" });
     logger.info(
       {
@@ -491,10 +499,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       },
       "callback",
     );
-    if (socket.writable)
-      socket.end(
-        `HTTP/1.1 ${status} ${status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request"}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n`,
-      );
+    if (socket.writable) socket.end(raw);
     else socket.destroy();
   });
   const sockets = new Set<Socket>();

@@ -200,7 +200,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     if (!/^\s*\d+\s*$/.test(text)) {
       throw new CallplaneError(
         "BAD_POLL_SECONDS",
-        `NVCF-POLL-SECONDS must be a whole number of seconds between 1 and ${poll.maxSeconds}, not ${JSON.stringify(text.slice(0, 40))}`,
+        `NVCF-POLL-SECONDS must be a whole number of seconds from 0 to ${poll.maxSeconds} (0 counts as 1), not ${JSON.stringify(text.slice(0, 40))}`,
       );
     }
     const n = Number(text);
