@@ -111,6 +111,24 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
     const ha = await start("haproxy", "haproxy", ["-db", "-f", haCfg], {});
     await new Promise((r) => setTimeout(r, 500));
 
+    // the floor Node's own TLS streams set: a byte pipe with no HTTP in it (bench/tls-pipe.ts)
+    const pipePort = await freePort();
+    const pipe = await start(
+      "tls-pipe",
+      process.execPath,
+      [
+        join(dist, "bench", "tls-pipe.js"),
+        `127.0.0.1:${pipePort}`,
+        `127.0.0.1:${podPort}`,
+        POD,
+        join(pki, "proxy", "tls.crt"),
+        join(pki, "proxy", "tls.key"),
+        join(pki, "ca.crt"),
+      ],
+      {},
+      { ipc: true },
+    );
+
     const scripts = {
       small: join(dir, "small.lua"),
       largeDown: join(dir, "large-down.lua"),
@@ -153,6 +171,7 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
       direct: { url: `https://127.0.0.1:${podPort}`, abs: false, pid: undefined as number | undefined },
       haproxy: { url: `https://127.0.0.1:${haPort}`, abs: true, pid: ha.pid },
       callplane: { url: `https://127.0.0.1:${cpPort}`, abs: true, pid: cp.pid },
+      nodeTlsPipe: { url: `https://127.0.0.1:${pipePort}`, abs: true, pid: pipe.pid },
     };
     const results: Record<string, Record<string, WrkResult & { cpuUsPerRequest?: number }>> = {
       small: {},
@@ -205,6 +224,15 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
           results.largeDown?.haproxy?.mbPerSec,
         ),
         largeUpRpsVsHaproxy: ratio(results.largeUp?.callplane?.rps, results.largeUp?.haproxy?.rps),
+        // the same ratios for the bare Node TLS byte pipe: the ceiling for a proxy built on node:tls
+        nodeTlsPipeLargeDownMBsVsHaproxy: ratio(
+          results.largeDown?.nodeTlsPipe?.mbPerSec,
+          results.largeDown?.haproxy?.mbPerSec,
+        ),
+        nodeTlsPipeLargeUpRpsVsHaproxy: ratio(
+          results.largeUp?.nodeTlsPipe?.rps,
+          results.largeUp?.haproxy?.rps,
+        ),
         smallCpuVsHaproxy: ratio(
           results.small?.callplane?.cpuUsPerRequest,
           results.small?.haproxy?.cpuUsPerRequest,

@@ -71,20 +71,25 @@ async function main(): Promise<void> {
       }) => string,
     ) =>
       r[scenario]
-        ? ["direct", "haproxy", "callplane"]
+        ? ["direct", "haproxy", "callplane", "nodeTlsPipe"]
             .filter((k) => r[scenario][k])
             .map((k) => `${k} ${metric(r[scenario][k])}`)
             .join(" | ")
         : "(not run)";
+    const cpuMs = (x: { cpuUsPerRequest?: number }) =>
+      x.cpuUsPerRequest !== undefined ? ` cpu ${(x.cpuUsPerRequest / 1000).toFixed(1)} ms/req` : "";
     console.log(`\nproxy benchmark (TLS to the proxy, TLS to the pod), ${String(result.machine)}`);
     console.log(
       `  small callbacks (POST 100 B, ${flag("connections", 50)} connections): ${row("small", (x) => `${Math.round(x.rps)}/s p50 ${x.p50ms} ms p99 ${x.p99ms} ms${x.cpuUsPerRequest !== undefined ? ` cpu ${x.cpuUsPerRequest} us/req` : ""}${x.errors ? ` errors ${x.errors}` : ""}`)}`,
     );
     console.log(
-      `  large responses (GET ${flag("large-bytes", 1024 * 1024)} B, 8 connections): ${row("largeDown", (x) => `${Math.round(x.mbPerSec)} MB/s${x.errors ? ` errors ${x.errors}` : ""}`)}`,
+      `  large responses (GET ${flag("large-bytes", 1024 * 1024)} B, 8 connections): ${row("largeDown", (x) => `${Math.round(x.mbPerSec)} MB/s${cpuMs(x)}${x.errors ? ` errors ${x.errors}` : ""}`)}`,
     );
     console.log(
-      `  large uploads (POST ${flag("large-bytes", 1024 * 1024)} B, 8 connections): ${row("largeUp", (x) => `${Math.round((x.rps * flag("large-bytes", 1024 * 1024)) / 2 ** 20)} MB/s${x.errors ? ` errors ${x.errors}` : ""}`)}`,
+      `  large uploads (POST ${flag("large-bytes", 1024 * 1024)} B, 8 connections): ${row("largeUp", (x) => `${Math.round((x.rps * flag("large-bytes", 1024 * 1024)) / 2 ** 20)} MB/s${cpuMs(x)}${x.errors ? ` errors ${x.errors}` : ""}`)}`,
+    );
+    console.log(
+      "  (nodeTlsPipe: a bare node:tls byte pipe with no HTTP, no routing, no pooling: the ceiling for a proxy on Node's TLS)",
     );
     console.log(`  ratios vs HAProxy: ${JSON.stringify(result.ratios)}`);
   } else {
