@@ -5,8 +5,10 @@
 // balancer in front of them would.
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
+import { get as httpsGet } from "node:https";
 import { test } from "node:test";
 import { holderHex, newToken } from "../src/lib/ids.js";
+import { dashIp } from "../src/lib/net.js";
 import { bearer, problemOf, waitFor } from "./testkit/client.js";
 import { freePort, metricValue, startPlane, type Plane } from "./testkit/plane.js";
 
@@ -390,6 +392,25 @@ test(
       assert.equal(l.outcome, "forwarded");
       assert.match(String(l.worker), /^127\.0\.0\.1:\d+$/);
     }
+    // the worker TLS listener serves the attach routes and /health, not the replica's metrics
+    const podUrl = `https://${plane.replicas[0].host}:${plane.proxy!.podPort}`;
+    const get = (path: string) =>
+      new Promise<number>((resolve, reject) => {
+        const r = httpsGet(
+          `${podUrl}${path}`,
+          {
+            ca: plane.proxy!.pki.ca.certPem,
+            servername: `${dashIp(plane.replicas[0].host)}.invocation.nvcf.svc.cluster.local`,
+          },
+          (res) => {
+            res.resume();
+            resolve(res.statusCode ?? 0);
+          },
+        );
+        r.on("error", reject);
+      });
+    assert.equal(await get("/health"), 200);
+    assert.equal(await get("/metrics"), 404);
   },
 );
 

@@ -201,6 +201,8 @@ export interface HttpServiceOptions {
   router: Router;
   /** TLS options: serve HTTPS instead of HTTP. */
   tls?: HttpsServerOptions;
+  /** Whether GET /metrics is served (default true); a listener for other parties turns it off. */
+  metrics?: boolean;
   /** Extra readiness check for GET /health (true = ready). */
   ready?: () => boolean;
   /** The largest request head, in bytes (16 KiB by default); a larger one is answered 431. */
@@ -325,7 +327,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       });
       return;
     }
-    if (method === "GET" && path === "/metrics") {
+    if (method === "GET" && path === "/metrics" && opts.metrics !== false) {
       routeLabel = "/metrics";
       registry
         .metrics()

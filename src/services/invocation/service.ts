@@ -741,7 +741,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     ready,
   });
   // With the callback proxy, workers' callbacks arrive on a TLS listener of their own, which serves
-  // nothing but the attach routes.
+  // nothing but the attach routes (and /health).
   const workerRouter = new Router()
     .add("GET", "/v2/nvcf/worker/request-attach", attachRequest, { duringDrain: true })
     .add("POST", "/v2/nvcf/worker/request-attach", attachResponse, { duringDrain: true });
@@ -764,6 +764,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       listen: { host: opts.listen.host, port: opts.workerTls.port },
       logger,
       registry: createRegistry("invocation-worker-tls", { defaultMetrics: false }),
+      metrics: false,
       router: workerRouter,
       tls: {
         cert: tlsReloader.material.cert,
