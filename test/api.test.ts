@@ -1473,7 +1473,7 @@ describe("HTTP edges", () => {
   }
   const problem = (body: string) => JSON.parse(body) as { code: string; detail: string; status: number };
 
-  test("no Host, two Authorization headers and an unknown Expect get problem answers", async (t) => {
+  test("no Host, two Authorization headers, an unknown Expect or transfer coding get problem answers", async (t) => {
     const api = await startApi(t);
     const admin = await api.adminToken();
     const noHost = await raw(api.url, "GET /v2/nvcf/functions HTTP/1.1\r\nConnection: close\r\n\r\n");
@@ -1501,6 +1501,14 @@ describe("HTTP edges", () => {
     );
     assert.equal(expect.status, 417, expect.head);
     assert.equal(problem(expect.body).code, "EXPECTATION_FAILED");
+
+    // a transfer coding other than chunked would reach the handler as if it were the body
+    const gzip = await raw(
+      api.url,
+      `POST /v2/nvcf/functions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${admin}\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n`,
+    );
+    assert.equal(gzip.status, 400, gzip.head);
+    assert.match(problem(gzip.body).detail, /Transfer-Encoding "gzip, chunked" is not supported/);
   });
 
   test("header fields past Node's default count are not dropped: Authorization still counts", async (t) => {

@@ -318,6 +318,21 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       });
       return;
     }
+    const te = req.headers["transfer-encoding"];
+    if (te !== undefined && te.trim().toLowerCase() !== "chunked") {
+      // Node's parser de-chunks `gzip, chunked` and passes the gzip bytes on as if they were the
+      // body; no callplane service decodes transfer codings, so only plain chunked is taken
+      sendProblem(
+        res,
+        new CallplaneError(
+          "BAD_REQUEST",
+          `Transfer-Encoding ${JSON.stringify(te.slice(0, 60))} is not supported; send the body plain or with Transfer-Encoding: chunked`,
+        ),
+        log,
+        { connection: "close" },
+      );
+      return;
+    }
     if (method === "GET" && path === "/health") {
       routeLabel = "/health";
       const ok = !draining && (opts.ready?.() ?? true);
