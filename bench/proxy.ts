@@ -46,19 +46,15 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
       mode: 0o600,
     });
 
+    // a script of bench/ as its own process, which says when it is ready
+    const startScript = (name: string, script: string, args: string[]) =>
+      start(name, process.execPath, [join(dist, "bench", script), ...args], {}, { ipc: true });
     const podPort = await freePort();
-    const podProc = await start(
-      "pod",
-      process.execPath,
-      [
-        join(dist, "bench", "pod-server.js"),
-        `127.0.0.1:${podPort}`,
-        join(dir, "pod.crt"),
-        join(dir, "pod.key"),
-      ],
-      {},
-      { ipc: true },
-    );
+    const podProc = await startScript("pod", "pod-server.js", [
+      `127.0.0.1:${podPort}`,
+      join(dir, "pod.crt"),
+      join(dir, "pod.key"),
+    ]);
 
     const cpPort = await freePort();
     const cp = await start(
@@ -113,21 +109,14 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
 
     // the floor Node's own TLS streams set: a byte pipe with no HTTP in it (bench/tls-pipe.ts)
     const pipePort = await freePort();
-    const pipe = await start(
-      "tls-pipe",
-      process.execPath,
-      [
-        join(dist, "bench", "tls-pipe.js"),
-        `127.0.0.1:${pipePort}`,
-        `127.0.0.1:${podPort}`,
-        POD,
-        join(pki, "proxy", "tls.crt"),
-        join(pki, "proxy", "tls.key"),
-        join(pki, "ca.crt"),
-      ],
-      {},
-      { ipc: true },
-    );
+    const pipe = await startScript("tls-pipe", "tls-pipe.js", [
+      `127.0.0.1:${pipePort}`,
+      `127.0.0.1:${podPort}`,
+      POD,
+      join(pki, "proxy", "tls.crt"),
+      join(pki, "proxy", "tls.key"),
+      join(pki, "ca.crt"),
+    ]);
 
     const scripts = {
       small: join(dir, "small.lua"),
