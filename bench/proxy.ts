@@ -201,35 +201,25 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
     void scripts;
     const ratio = (a?: number, b?: number) =>
       a === undefined || b === undefined ? undefined : Math.round((a / b) * 100) / 100;
+    const vsHaproxy = (
+      scenario: keyof typeof results,
+      path: string,
+      metric: "rps" | "mbPerSec" | "cpuUsPerRequest",
+    ) => ratio(results[scenario]?.[path]?.[metric], results[scenario]?.haproxy?.[metric]);
     return {
       benchmark: "proxy",
       machine: machine(),
       options: o,
       results,
       ratios: {
-        smallRpsVsHaproxy: ratio(results.small?.callplane?.rps, results.small?.haproxy?.rps),
-        largeDownMBsVsHaproxy: ratio(
-          results.largeDown?.callplane?.mbPerSec,
-          results.largeDown?.haproxy?.mbPerSec,
-        ),
-        largeUpRpsVsHaproxy: ratio(results.largeUp?.callplane?.rps, results.largeUp?.haproxy?.rps),
+        smallRpsVsHaproxy: vsHaproxy("small", "callplane", "rps"),
+        largeDownMBsVsHaproxy: vsHaproxy("largeDown", "callplane", "mbPerSec"),
+        largeUpRpsVsHaproxy: vsHaproxy("largeUp", "callplane", "rps"),
         // the same ratios for the bare Node TLS byte pipe: the ceiling for a proxy built on node:tls
-        nodeTlsPipeLargeDownMBsVsHaproxy: ratio(
-          results.largeDown?.nodeTlsPipe?.mbPerSec,
-          results.largeDown?.haproxy?.mbPerSec,
-        ),
-        nodeTlsPipeLargeUpRpsVsHaproxy: ratio(
-          results.largeUp?.nodeTlsPipe?.rps,
-          results.largeUp?.haproxy?.rps,
-        ),
-        smallCpuVsHaproxy: ratio(
-          results.small?.callplane?.cpuUsPerRequest,
-          results.small?.haproxy?.cpuUsPerRequest,
-        ),
-        largeDownCpuVsHaproxy: ratio(
-          results.largeDown?.callplane?.cpuUsPerRequest,
-          results.largeDown?.haproxy?.cpuUsPerRequest,
-        ),
+        nodeTlsPipeLargeDownMBsVsHaproxy: vsHaproxy("largeDown", "nodeTlsPipe", "mbPerSec"),
+        nodeTlsPipeLargeUpRpsVsHaproxy: vsHaproxy("largeUp", "nodeTlsPipe", "rps"),
+        smallCpuVsHaproxy: vsHaproxy("small", "callplane", "cpuUsPerRequest"),
+        largeDownCpuVsHaproxy: vsHaproxy("largeDown", "callplane", "cpuUsPerRequest"),
       },
     };
   } finally {
