@@ -249,6 +249,11 @@ test(
     const gone = await problemOf(again, 404);
     assert.equal(gone.code, "REQUEST_NOT_FOUND");
     assert.match(gone.detail, new RegExp(id));
+    // and without a valid key, nothing is told about the request: the key is refused first
+    const stranger = await fetch(`${plane.replicas[1].url}/v2/nvcf/pexec/status/${id}`, {
+      headers: bearer("nvapi-not-a-real-key"),
+    });
+    assert.equal((await problemOf(stranger, 401)).code, "TOKEN_INVALID");
   },
 );
 

@@ -436,6 +436,8 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     );
   }
 
+  const NIL_UUID = "00000000-0000-0000-0000-000000000000";
+
   async function status(ctx: RequestContext): Promise<void> {
     const { req, res, params } = ctx;
     const requestId = params.requestId;
@@ -448,6 +450,12 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       );
     const entry = await (await pollKvBucket()).get(requestId);
     if (!entry || entry.operation !== "PUT") {
+      // The key is checked first all the same (against no function: the API checks the key and its
+      // scope before the function), so that whether a request id is live is not told to a caller
+      // without a valid key.
+      await auth.authorize(apiKey, NIL_UUID).catch((err: unknown) => {
+        if (!(err instanceof CallplaneError && err.code === "FUNCTION_NOT_FOUND")) throw err;
+      });
       throw new CallplaneError(
         "REQUEST_NOT_FOUND",
         `no request ${requestId} is in progress: it is unknown, finished (a final answer is delivered once), or older than 1 h`,
