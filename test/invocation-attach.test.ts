@@ -150,6 +150,7 @@ for (const [name, framed, type, detail] of [
     /Transfer-Encoding/,
   ],
   ["a head that never ends", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n", H1, /ended before|broke off/],
+  ["a head with bare LF line ends", "HTTP/1.1 200 OK\nContent-Length: 2\n\nhi", H1, /bare LF.*CRLF/],
   [
     "the wrong content type",
     "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",

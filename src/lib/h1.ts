@@ -94,6 +94,11 @@ export class HeadReader {
     this.buf = this.buf.length ? Buffer.concat([this.buf, chunk]) : chunk;
     const end = this.buf.indexOf("\r\n\r\n", searchFrom, "latin1");
     if (end === -1) {
+      // a CRLF head holds no LF LF before its end; finding one means lines end in bare LF
+      if (this.buf.indexOf("\n\n", Math.max(0, searchFrom - 1), "latin1") !== -1)
+        throw new FramingError(
+          "the response head has lines ending in a bare LF; every line of the framed head must end in CRLF",
+        );
       if (this.buf.length > MAX_HEAD_BYTES)
         throw new FramingError(`the response head is larger than ${MAX_HEAD_BYTES} bytes`);
       return undefined;
