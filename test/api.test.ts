@@ -1327,6 +1327,12 @@ describe("bad input", () => {
     assertProblem(ids, 405, "METHOD_NOT_ALLOWED");
     assert.equal(ids.headers.get("allow"), "GET");
 
+    for (const path of ["/health", "/metrics"]) {
+      const r = await call(`${api.url}${path}`, { method: "POST", body: {} });
+      assertProblem(r, 405, "METHOD_NOT_ALLOWED");
+      assert.equal(r.headers.get("allow"), "GET");
+    }
+
     for (const path of ["/v2/nvcf/nothing", "/", "/v2/nvcf/functions/a/b/c/d/e", "/v1/admin/keys"]) {
       const r = await call(`${api.url}${path}`, { token: admin });
       const p = assertProblem(r, 404, "NOT_FOUND");

@@ -354,6 +354,15 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       return;
     }
     const m = router.match(method, path);
+    if (!m && (path === "/health" || (path === "/metrics" && opts.metrics !== false))) {
+      sendProblem(
+        res,
+        new CallplaneError("METHOD_NOT_ALLOWED", `${method} is not allowed on ${path}; use GET`),
+        log,
+        { allow: "GET" },
+      );
+      return;
+    }
     if (!m) {
       sendProblem(res, new CallplaneError("NOT_FOUND", `no route for ${method} ${path}`), log);
       return;
