@@ -95,11 +95,22 @@ export function workerProblem(
   );
 }
 
+/** How many superseded polls of one request wait at most; past it the oldest is answered at once. */
+const MAX_SUPERSEDED = 16;
+
 export class WorkItem {
   readonly requestId: string;
   readonly abort = new AbortController();
   private target: CallbackTarget | undefined;
   private deadline: number;
+  /**
+   * Polls that a newer poll of the same request superseded (a client polling on two replicas, or
+   * retrying before its last poll ended). Each still gets an answer: a 202 at its own deadline or
+   * at the next progress, and a 202 when the newest poll takes the final answer, so that none
+   * waits out its window for nothing, and none is answered at once (two pollers would then answer
+   * each other's polls in a loop).
+   */
+  private superseded: Array<{ target: CallbackTarget; deadline: number }> = [];
   private giveUpAt = Infinity;
   private readonly pollSeconds: number;
   private readonly compat: boolean;
@@ -184,6 +195,7 @@ export class WorkItem {
           return "cancelled";
         }
         const now = Date.now();
+        this.answerSuperseded(now);
         if (this.inferenceResult && this.target) return await this.sendFinal(this.target);
         if (this.compat && this.target && !this.inferenceResult) {
           if (now >= this.nextProgressCheck) {
@@ -209,6 +221,7 @@ export class WorkItem {
             ? Math.min(PROGRESS_CHECK_MS, this.deadline - now)
             : 60_000
           : this.giveUpAt - now;
+        for (const s of this.superseded) waitMs = Math.min(waitMs, s.deadline - now);
         waitMs = Math.max(1, Math.min(waitMs, 60_000));
         if (this.signaled) continue;
         await new Promise<void>((resolve) => {
@@ -222,7 +235,20 @@ export class WorkItem {
     } finally {
       this.abort.signal.removeEventListener("abort", abortListener);
       this.pollSub?.unsubscribe();
+      // however it ended, no superseded poll is left waiting for an answer that will not come
+      this.answerSuperseded(Infinity);
     }
+  }
+
+  /** Answers, with a 202 carrying the progress as it stands, the superseded polls now due. */
+  private answerSuperseded(now: number): void {
+    if (!this.superseded.length) return;
+    const all = this.progressUnreported || this.inferenceResult !== undefined;
+    const due = all ? this.superseded : this.superseded.filter((s) => now >= s.deadline);
+    if (!due.length) return;
+    this.superseded = all ? [] : this.superseded.filter((s) => now < s.deadline);
+    const message = this.inProgressMessage();
+    for (const s of due) void this.post(s.target, message, message.length);
   }
 
   private discardInference(): void {
@@ -383,13 +409,14 @@ export class WorkItem {
         }
         const cfg = poll.statelessConfig?.connectionConfigs[0]?.config;
         if (cfg?.case !== "http1Config") return;
-        // Two polls at once (a client polling on two replicas, or retrying before its last poll
-        // ended): the waiting one is answered now with the progress as it stands, so that no
-        // poll waits for an answer that will go to another.
-        const superseded = this.target;
-        if (superseded) {
-          const message = this.inProgressMessage();
-          void this.post(superseded, message, message.length);
+        // a poll still waiting is superseded by this one; it is answered later (see superseded)
+        if (this.target) {
+          this.superseded.push({ target: this.target, deadline: this.deadline });
+          if (this.superseded.length > MAX_SUPERSEDED) {
+            const oldest = this.superseded.shift()!;
+            const message = this.inProgressMessage();
+            void this.post(oldest.target, message, message.length);
+          }
         }
         this.target = {
           targetUri: cfg.value.targetURI,
