@@ -8,6 +8,10 @@ import { connect as netConnect } from "node:net";
 import { describe, test } from "node:test";
 import { SignJWT, importPKCS8 } from "jose";
 import { sha256Hex } from "../src/lib/auth.js";
+import { Router, createHttpService, readJson } from "../src/lib/http.js";
+import { silentLogger } from "../src/lib/log.js";
+import { createRegistry } from "../src/lib/metrics.js";
+import { waitFor } from "./testkit/client.js";
 import {
   call,
   sampleDeployment,
@@ -1330,7 +1334,11 @@ describe("bad input", () => {
     for (const path of ["/health", "/metrics"]) {
       const r = await call(`${api.url}${path}`, { method: "POST", body: {} });
       assertProblem(r, 405, "METHOD_NOT_ALLOWED");
-      assert.equal(r.headers.get("allow"), "GET");
+      assert.equal(r.headers.get("allow"), "GET, HEAD");
+      // a load balancer's HEAD health check is answered like GET, without the body
+      const head = await call(`${api.url}${path}`, { method: "HEAD" });
+      assert.equal(head.status, 200);
+      assert.equal(head.text, "");
     }
 
     for (const path of ["/v2/nvcf/nothing", "/", "/v2/nvcf/functions/a/b/c/d/e", "/v1/admin/keys"]) {
@@ -1539,4 +1547,46 @@ describe("HTTP edges", () => {
     assert.equal(r.status, 200, r.text);
     assert.equal(r.body.function.id, f.id);
   });
+});
+
+test("a request that stalls mid-body gets 408 and its connection is closed, even by a half-open client", async (t) => {
+  const router = new Router();
+  let handlerSettled = false;
+  router.add("POST", "/slow-body", async ({ req, res }) => {
+    try {
+      await readJson(req, 1024);
+      res.end("read");
+    } finally {
+      handlerSettled = true;
+    }
+  });
+  const service = createHttpService({
+    name: "edge-test",
+    listen: { host: "127.0.0.1", port: 0 },
+    logger: silentLogger(),
+    registry: createRegistry("edge-test"),
+    router,
+    requestTimeoutMs: 1000,
+  });
+  const url = await service.listen();
+  t.after(() => service.destroy());
+  // a client that keeps its own side open after the server's answer
+  const socket = netConnect({ port: Number(url.port), host: "127.0.0.1", allowHalfOpen: true });
+  t.after(() => socket.destroy());
+  let answer = "";
+  socket.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+  socket.write(
+    "POST /slow-body HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{}",
+  );
+  await waitFor("the 408", () => answer.includes("\r\n\r\n") && answer, { timeoutMs: 15_000 });
+  assert.match(answer, /^HTTP\/1\.1 408 /);
+  assert.match(answer, /REQUEST_TIMEOUT/);
+  const connections = () =>
+    new Promise<number>((resolve, reject) =>
+      service.server.getConnections((err, n) => (err ? reject(err) : resolve(n))),
+    );
+  await waitFor("the server to let the connection go", async () => (await connections()) === 0, {
+    timeoutMs: 5000,
+  });
+  await waitFor("the handler waiting on the body to settle", () => handlerSettled, { timeoutMs: 5000 });
 });

@@ -6,6 +6,7 @@
 // 127.0.3.x) nor test/compute.test.ts (127.0.30-32.x).
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { randomUUID } from "node:crypto";
 import {
   existsSync,
   mkdirSync,
@@ -382,10 +383,18 @@ test("local stack", async (t) => {
     "a second start reuses the demo function; a second Ctrl-C stops at once and leaves nothing",
     async () => {
       assert.ok(firstDemoId, "the first start created the demo");
+      // the recorded demo key is no longer one the API knows as active (revoked, expired, or as
+      // here unknown): the second start issues a new one instead of failing the demo
+      const demoFile = join(cfg.dataDir, "demo.json");
+      const recorded = JSON.parse(readFileSync(demoFile, "utf8")) as { apiKey: string; apiKeyId: string };
+      assert.match(recorded.apiKeyId, /^[0-9a-f-]{36}$/);
+      writeFileSync(demoFile, JSON.stringify({ ...recorded, apiKeyId: randomUUID() }));
       const again = runStack(ctx, dir, cfg.file);
       const info2 = await waitReady(again, cfg.dataDir);
       assert.equal(info2.demo.httpFunctionId, firstDemoId);
       assert.match(again.output(), /reusing the demo function/);
+      assert.match(again.output(), /the demo API key is unknown to the api; issuing a new one/);
+      assert.notEqual(info2.demo.apiKey, recorded.apiKey);
       const admin = await adminToken(info2.issuer);
       const fns = await call<{ functions: Array<{ id: string; name: string }> }>(
         `${info2.api}/v2/nvcf/functions`,

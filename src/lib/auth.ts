@@ -3,7 +3,15 @@
 // - API keys: opaque `nvapi-` strings, stored only as SHA-256 hashes, shown once;
 // - service tokens: opaque `cps-` strings that callplane's own services present to the API; they do
 //   not expire with the admin token, so a stack keeps working past hour 12.
-import { createHash, generateKeyPairSync, randomBytes, randomUUID, timingSafeEqual } from "node:crypto";
+import {
+  createHash,
+  createPrivateKey,
+  createPublicKey,
+  generateKeyPairSync,
+  randomBytes,
+  randomUUID,
+  timingSafeEqual,
+} from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import {
@@ -113,17 +121,24 @@ export function writeFileAtomic(path: string, data: string, mode = 0o600): void 
 }
 
 /**
- * Creates the admin signing key pair (EC P-256) when neither file exists. One file without the
- * other is an error, never overwritten: it may be an identity provider's key the operator put there.
+ * Creates the admin signing key pair (EC P-256) when neither file exists, and the public key from
+ * the signing key when only that exists (a start that stopped between the two writes). A public key
+ * without its signing key is an error, never overwritten: it may be an identity provider's key.
  */
-export function ensureAdminKeyPair(privateKeyFile: string, publicKeyFile: string): { created: boolean } {
+export function ensureAdminKeyPair(
+  privateKeyFile: string,
+  publicKeyFile: string,
+): { created: boolean; derivedPublicKey?: boolean } {
   const [havePrivate, havePublic] = [existsSync(privateKeyFile), existsSync(publicKeyFile)];
   if (havePrivate && havePublic) return { created: false };
-  if (havePrivate || havePublic)
+  if (havePrivate) {
+    const publicKey = createPublicKey(createPrivateKey(readFileSync(privateKeyFile, "utf8")));
+    writeFileAtomic(publicKeyFile, publicKey.export({ type: "spki", format: "pem" }).toString(), 0o644);
+    return { created: false, derivedPublicKey: true };
+  }
+  if (havePublic)
     throw new Error(
-      havePrivate
-        ? `auth.adminSigningKeyFile (${privateKeyFile}) exists but auth.adminPublicKeyFile (${publicKeyFile}) does not: give both files of the pair, or neither to have a new pair generated`
-        : `auth.adminPublicKeyFile (${publicKeyFile}) exists but auth.adminSigningKeyFile (${privateKeyFile}) does not: the stack signs admin tokens (the issuer, the demo) and needs the signing key of that pair; give both files, or neither to have a new pair generated`,
+      `auth.adminPublicKeyFile (${publicKeyFile}) exists but auth.adminSigningKeyFile (${privateKeyFile}) does not: the stack signs admin tokens (the issuer, the demo) and needs the signing key of that pair; give both files, or neither to have a new pair generated`,
     );
   const { privateKey, publicKey } = generateKeyPairSync("ec", { namedCurve: "P-256" });
   writeFileAtomic(privateKeyFile, privateKey.export({ type: "pkcs8", format: "pem" }).toString(), 0o600);

@@ -86,7 +86,7 @@ export const configSchema = z.strictObject({
       maxMessageBytes: z
         .number()
         .int()
-        .positive()
+        .min(1024)
         .max(8 * 1024 * 1024)
         .default(6 * 1024 * 1024),
       replicas: z.number().int().min(1).max(5).default(1),

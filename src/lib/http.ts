@@ -254,13 +254,33 @@ export function expectationFailed(req: IncomingMessage, res: ServerResponse): vo
   req.resume();
 }
 
-/** Whether an error is a client that went away mid-request (not a fault of the service). */
+/**
+ * Whether an error is a client that went away mid-request (not a fault of the service): a reset
+ * or abort while its request was still arriving, or once its connection is gone. (`req.destroyed`
+ * alone would not do: Node sets it once a body has been read to its end.)
+ */
 export function clientWentAway(err: unknown, req: IncomingMessage | undefined): boolean {
   const e = err as NodeJS.ErrnoException | undefined;
-  return (
-    (e?.code === "ECONNRESET" || e?.message === "aborted" || e?.code === "ERR_STREAM_PREMATURE_CLOSE") &&
-    (req?.destroyed ?? true)
-  );
+  const reset =
+    e?.code === "ECONNRESET" || e?.message === "aborted" || e?.code === "ERR_STREAM_PREMATURE_CLOSE";
+  return reset && (req === undefined || !req.complete || req.socket.destroyed);
+}
+
+/**
+ * Answers a request Node's parser refused (the server's `clientError`) and closes the connection
+ * both ways: a client that keeps its side open cannot hold it, nor the handler of a request whose
+ * body was cut short. A response already under way is cut instead of being corrupted.
+ */
+export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): number | undefined {
+  const inFlight = (socket as Socket & { _httpMessage?: ServerResponse })._httpMessage;
+  if (err.code === "ECONNRESET" || err.code === "EPIPE" || !socket.writable || inFlight?.headersSent) {
+    socket.destroy();
+    return undefined;
+  }
+  const { status, raw } = clientErrorAnswer(err);
+  socket.end(raw);
+  socket.destroySoon();
+  return status;
 }
 
 export interface HttpService {
@@ -333,7 +353,8 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       );
       return;
     }
-    if (method === "GET" && path === "/health") {
+    const get = method === "GET" || method === "HEAD";
+    if (get && path === "/health") {
       routeLabel = "/health";
       const ok = !draining && (opts.ready?.() ?? true);
       sendJson(res, ok ? 200 : 503, {
@@ -342,7 +363,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       });
       return;
     }
-    if (method === "GET" && path === "/metrics" && opts.metrics !== false) {
+    if (get && path === "/metrics" && opts.metrics !== false) {
       routeLabel = "/metrics";
       registry
         .metrics()
@@ -359,7 +380,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
         res,
         new CallplaneError("METHOD_NOT_ALLOWED", `${method} is not allowed on ${path}; use GET`),
         log,
-        { allow: "GET" },
+        { allow: "GET, HEAD" },
       );
       return;
     }
@@ -403,9 +424,15 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     if (result) result.catch((err: unknown) => sendProblem(res, err, log));
   };
 
+  const requestTimeout = opts.requestTimeoutMs ?? 0;
   const serverOptions = {
     maxHeaderSize: opts.maxHeaderSize ?? 16 * 1024,
+    // 65 s, above the idle timeouts of the clients that pool connections to us (undici: 4–30 s, load
+    // balancers: 60 s), so a client never sends a request on a connection this side is closing
     keepAliveTimeout: 65_000,
+    // given here, not set on the server afterwards: Node 20 ignores later changes to these two
+    headersTimeout: requestTimeout > 0 ? Math.min(30_000, requestTimeout) : 30_000,
+    requestTimeout,
     // answered by handle() with a problem body
     requireHostHeader: false,
     // how often Node looks for requests past headersTimeout or requestTimeout (default 30 s)
@@ -418,20 +445,12 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
   // later fields, Authorization or Content-Type among them, would be dropped without a word
   server.maxHeadersCount = 0;
   server.on("checkExpectation", expectationFailed);
-  // 65 s, above the idle timeouts of the clients that pool connections to us (undici: 4–30 s, load
-  // balancers: 60 s), so a client never sends a request on a connection this side is closing
-  server.requestTimeout = opts.requestTimeoutMs ?? 0;
-  server.headersTimeout = 30_000;
   server.on("connection", (s: Socket) => {
     sockets.add(s);
     s.once("close", () => sockets.delete(s));
   });
   server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) => {
-    if (!socket.writable || err.code === "ECONNRESET" || err.code === "EPIPE") {
-      socket.destroy();
-      return;
-    }
-    socket.end(clientErrorAnswer(err).raw);
+    answerClientError(err, socket);
   });
 
   return {

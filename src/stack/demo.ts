@@ -21,6 +21,8 @@ export interface Demo {
   slowFunctionVersionId: string;
   slowFunctionName: string;
   apiKey: string;
+  /** The demo key's id (recorded since the stack checks the key on reuse). */
+  apiKeyId?: string;
 }
 
 type Kind = "http" | "sse" | "slow";
@@ -135,13 +137,24 @@ export async function ensureDemo(opts: {
     demo[`${f.kind}FunctionName`] = fn.name;
   }
   demo.apiKey = lost ? undefined : recorded.apiKey;
+  demo.apiKeyId = lost ? undefined : recorded.apiKeyId;
+  if (demo.apiKey && demo.apiKeyId) {
+    // a key revoked or expired since the last start would fail the demo on every start
+    const k = await api<{ status?: unknown }>(opts.apiUrl, token, "GET", `/v1/keys/${demo.apiKeyId}`);
+    const state = k.status === 200 ? String(k.body.status) : "unknown to the API";
+    if (state !== "ACTIVE") {
+      opts.say(`the demo API key is ${state.toLowerCase()}; issuing a new one`);
+      demo.apiKey = undefined;
+    }
+  }
   if (!demo.apiKey) {
-    const key = await api<{ value: string }>(opts.apiUrl, token, "POST", "/v1/keys", {
+    const key = await api<{ id: string; value: string }>(opts.apiUrl, token, "POST", "/v1/keys", {
       description: "callplane demo key",
       expires_at: new Date(Date.now() + 365 * 86_400_000).toISOString(),
     });
     if (key.status !== 200) throw new Error(`creating the demo API key failed: ${JSON.stringify(key.body)}`);
     demo.apiKey = key.body.value;
+    demo.apiKeyId = key.body.id;
   }
   const complete = demo as Demo;
   writeFileAtomic(file, `${JSON.stringify(complete, null, 2)}\n`, 0o600);

@@ -117,13 +117,15 @@ export class LocalStack {
 
   prepareSecrets(): void {
     const { config } = this.opts;
-    let created: boolean;
+    let keys: ReturnType<typeof ensureAdminKeyPair>;
     try {
-      ({ created } = ensureAdminKeyPair(config.auth.adminSigningKeyFile, config.auth.adminPublicKeyFile));
+      keys = ensureAdminKeyPair(config.auth.adminSigningKeyFile, config.auth.adminPublicKeyFile);
     } catch (err) {
       throw new StackError((err as Error).message);
     }
-    if (created) this.opts.say(`generated the admin signing key in ${config.auth.adminSigningKeyFile}`);
+    if (keys.created) this.opts.say(`generated the admin signing key in ${config.auth.adminSigningKeyFile}`);
+    if (keys.derivedPublicKey)
+      this.opts.say(`wrote the admin public key from the signing key to ${config.auth.adminPublicKeyFile}`);
     ensureServiceTokens(config.auth.serviceTokenDir);
   }
 

@@ -27,8 +27,7 @@ export async function problemOf(res: Response, status: number): Promise<ProblemB
   return body;
 }
 
-/** Polls `check` until it returns a value other than undefined, or fails after `timeoutMs`. */
-/** Polls `check` until it returns something other than undefined or false. */
+/** Polls `check` until it returns something other than undefined or false, or fails after `timeoutMs`. */
 export async function waitFor<T>(
   what: string,
   check: () => Promise<T | undefined | false> | T | undefined | false,

@@ -12,7 +12,7 @@ import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { forward, forwardHeaders } from "../../lib/forward.js";
 import { countHeader } from "../../lib/headers.js";
-import { clientErrorAnswer, expectationFailed } from "../../lib/http.js";
+import { answerClientError } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, createRegistry, type Registry } from "../../lib/metrics.js";
 import { formatHostPort, parseCidr, undashIp, type HostPort } from "../../lib/net.js";
@@ -480,27 +480,34 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   // connection is cut.
   server.timeout = opts.timeouts.idleMs + 5000;
   server.on("connect", handleConnect);
-  server.on("checkExpectation", expectationFailed);
+  server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) =>
+    refuse(
+      req,
+      res,
+      new CallplaneError(
+        "EXPECTATION_FAILED",
+        `Expect: ${String(req.headers.expect).slice(0, 60)} is not supported; only Expect: 100-continue is`,
+      ),
+      "refused_framing",
+      performance.now(),
+    ),
+  );
   server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) => {
     // a connection that closed or reset without a request (a health check's connect-and-close) is
     // no callback: nothing to answer, nothing to count
-    if (err.code === "ECONNRESET" || err.code === "EPIPE") {
-      socket.destroy();
-      return;
-    }
-    const { status, raw } = clientErrorAnswer(err);
+    const worker = `${socket.remoteAddress ?? "?"}:${socket.remotePort ?? "?"}`;
+    const status = answerClientError(err, socket);
+    if (status === undefined) return;
     callbacks.inc({ outcome: status === 431 ? "refused_headers" : "refused_framing" });
     logger.info(
       {
-        worker: `${socket.remoteAddress ?? "?"}:${socket.remotePort ?? "?"}`,
+        worker,
         status,
         outcome: status === 431 ? "refused_headers" : "refused_framing",
         reason: `unparsable request (${err.code ?? err.message})`,
       },
       "callback",
     );
-    if (socket.writable) socket.end(raw);
-    else socket.destroy();
   });
   const sockets = new Set<Socket>();
   server.on("secureConnection", (s: Socket) => {
