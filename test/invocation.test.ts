@@ -9,6 +9,7 @@ import { execFile } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
+import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { test, type TestContext } from "node:test";
@@ -639,5 +640,60 @@ test(
     assert.equal(res.headers.get("nvcf-status"), "fulfilled");
     assert.deepEqual(JSON.parse(text), { done: true, seconds: 2 });
     await closing;
+  },
+);
+
+test(
+  "a body that stops arriving before its inline part is in gets 408 at the end of the window",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t);
+    const u = new URL(plane.invokeUrl());
+    const socket = netConnect({ port: Number(u.port), host: u.hostname, allowHalfOpen: true });
+    t.after(() => socket.destroy());
+    let answer = "";
+    socket.on("data", (c: Buffer) => (answer += c.toString("latin1")));
+    const closed = new Promise<void>((r) => socket.once("end", () => r()));
+    socket.write(
+      `POST ${u.pathname} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${plane.fn.apiKey}\r\nNVCF-POLL-SECONDS: 1\r\nContent-Length: 100\r\n\r\nhello`,
+    );
+    await closed;
+    assert.match(answer, /^HTTP\/1\.1 408 /, answer);
+    assert.match(answer, /REQUEST_TIMEOUT/);
+    assert.match(answer, /did not arrive within the poll window \(1 s\)/);
+  },
+);
+
+test(
+  "a request whose client stops polling is cancelled by its worker, and a late poll gets a final 404",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t, { replicas: 2, inferenceUrl: "/slow" });
+    const stats = () => inferenceStats(plane);
+    const before = await stats();
+    const first = await fetch(`${plane.invokeUrl(0)}?seconds=60&progressMs=100000`, {
+      method: "POST",
+      headers: bearer(plane.fn.apiKey, { "nvcf-poll-seconds": "1", "content-type": "application/json" }),
+      body: "{}",
+    });
+    assert.equal(first.status, 202, await first.text());
+    const id = first.headers.get("nvcf-reqid") ?? "";
+    // no poll within max(2 x 1 s, 10 s): the worker stops the inference call
+    await waitFor(
+      "the inference call to be abandoned",
+      async () => (await stats()).abandoned > before.abandoned,
+      { timeoutMs: 20_000 },
+    );
+    // a poll now can never be answered: it gets a final 404, not "poll again" (504) forever
+    const late = await fetch(`${plane.replicas[1].url}/v2/nvcf/pexec/status/${id}`, {
+      headers: bearer(plane.fn.apiKey),
+    });
+    const p = await problemOf(late, 404);
+    assert.equal(p.code, "REQUEST_NOT_FOUND");
+    assert.match(p.detail, /no worker holds request/);
+    const again = await fetch(`${plane.replicas[0].url}/v2/nvcf/pexec/status/${id}`, {
+      headers: bearer(plane.fn.apiKey),
+    });
+    assert.equal((await problemOf(again, 404)).code, "REQUEST_NOT_FOUND");
   },
 );

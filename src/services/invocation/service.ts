@@ -9,7 +9,7 @@ import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { RequestError, type NatsConnection } from "@nats-io/transport-node";
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { Server as HttpsServer } from "node:https";
 import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
@@ -398,7 +398,23 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     const versions = grant.functionVersions;
     const version =
       versions.length === 1 ? versions[0] : versions[Math.floor(Math.random() * versions.length)];
-    const body = await readPrefix(req, inlineLimit);
+    // The inline part of the body must arrive within the poll window: a client that stops sending
+    // before it would otherwise hold its connection with no window running.
+    let stalled: NodeJS.Timeout | undefined;
+    const body = await Promise.race([
+      readPrefix(req, inlineLimit),
+      new Promise<never>((_, reject) => {
+        stalled = setTimeout(() => {
+          res.setHeader("connection", "close");
+          reject(
+            new CallplaneError(
+              "REQUEST_TIMEOUT",
+              `the request body did not arrive within the poll window (${windowSeconds} s); send it without pausing`,
+            ),
+          );
+        }, windowSeconds * 1000);
+      }),
+    ]).finally(() => clearTimeout(stalled));
     if (res.destroyed) return;
     // readPrefix stops at the limit before it can see the end, so a body of exactly inlineLimit
     // bytes reads as unfinished; its Content-Length says nothing is left for GET request-attach.
@@ -494,6 +510,16 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       await nc!.request(subjects.polling(requestId), data, { timeout: statusTimeoutMs });
     } catch (err) {
       release(p);
+      // Nobody listens for this request's polls any more: the worker finished it, gave up on it
+      // (no poll came in time) or is gone. It can never answer, so the record goes and the client
+      // gets a final 404 rather than "poll again" forever.
+      if (err instanceof RequestError && err.isNoResponders()) {
+        await (await pollKvBucket()).purge(requestId).catch(() => undefined);
+        throw new CallplaneError(
+          "REQUEST_NOT_FOUND",
+          `no worker holds request ${requestId} any more: it finished, was cancelled because no status poll came in time, or its worker stopped; invoke anew`,
+        );
+      }
       throw new CallplaneError(
         "WORKER_NOT_ACKNOWLEDGED",
         `worker did not acknowledge the status request for ${requestId}; it may have stopped. Poll again, or invoke anew`,
