@@ -175,6 +175,9 @@ function listenAddress(): { host: string; port: number } {
 if (import.meta.url === `file://${process.argv[1]}`) {
   const { host, port } = listenAddress();
   const server = createServer({ keepAliveTimeout: 65_000 }, handle);
+  // no cap on the number of header fields (Node drops those past 1000 without a word): an echo
+  // must see what it was sent
+  server.maxHeadersCount = 0;
   server.listen(port, host, () => {
     const a = server.address();
     console.log(

@@ -158,6 +158,10 @@ test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
   });
   const p = assertProblem(asking, 400, "VALIDATION_FAILED");
   assert.match(p.detail, /empty body.*scopes, ttlSeconds/);
+  assert.deepEqual(
+    (asking.body as { errors?: Array<{ field: string }> }).errors?.map((e) => e.field),
+    ["scopes", "ttlSeconds"],
+  );
   assert.equal((await call(`${issuer}/v1/admin/keys`, { method: "POST", body: {} })).status, 200);
 });
 

@@ -37,8 +37,8 @@ export function networkError(err: unknown, service: Service, timeoutMs?: number)
       extra: { reason: why },
       hint: hint ?? `check the URL (it comes from ${service.url.from})`,
     });
-  if (name === "TimeoutError")
-    return fail(`no answer within ${Math.round((timeoutMs ?? 0) / 1000)} s`, START_HINT);
+  // (the service took the connection but said nothing: the default hint, check the URL, fits)
+  if (name === "TimeoutError") return fail(`no answer within ${Math.round((timeoutMs ?? 0) / 1000)} s`);
   switch (code) {
     case "ECONNREFUSED":
       return fail("connection refused", START_HINT);
@@ -53,7 +53,7 @@ export function networkError(err: unknown, service: Service, timeoutMs?: number)
       return fail("no route to the host");
     case "UND_ERR_CONNECT_TIMEOUT":
     case "ETIMEDOUT":
-      return fail("the connection timed out", START_HINT);
+      return fail("the connection timed out");
     default: {
       if (err instanceof Error && (err.cause as Error | undefined)?.message === "bad port") {
         return fail(
@@ -67,21 +67,31 @@ export function networkError(err: unknown, service: Service, timeoutMs?: number)
   }
 }
 
-/** fetch() that turns a failed connection into a CliError naming the service. */
+/**
+ * fetch() that turns a failed connection into a CliError naming the service. `timeoutMs` bounds the
+ * whole exchange; `headersTimeoutMs` only the wait for the answer's head, so that a long stream
+ * (server-sent events) may run on once it has begun.
+ */
 export async function send(
   service: Service,
   path: string,
-  init: RequestInit & { timeoutMs?: number },
+  init: RequestInit & { timeoutMs?: number; headersTimeoutMs?: number },
 ): Promise<Response> {
-  const { timeoutMs, ...rest } = init;
+  const { timeoutMs, headersTimeoutMs, ...rest } = init;
+  const head = headersTimeoutMs ? new AbortController() : undefined;
+  const timer = head
+    ? setTimeout(() => head.abort(new DOMException("no answer in time", "TimeoutError")), headersTimeoutMs)
+    : undefined;
   try {
     return await fetch(`${service.url.value}${path}`, {
       redirect: "manual",
       ...rest,
-      ...(timeoutMs ? { signal: AbortSignal.timeout(timeoutMs) } : {}),
+      ...(timeoutMs ? { signal: AbortSignal.timeout(timeoutMs) } : head ? { signal: head.signal } : {}),
     });
   } catch (err) {
-    throw networkError(err, service, timeoutMs);
+    throw networkError(err, service, timeoutMs ?? headersTimeoutMs);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -23,6 +23,7 @@ export function duration(value: string): number {
   const unit = { "": 1, s: 1, m: 60, h: 3600, d: 86_400, w: 604_800 }[m[2].toLowerCase() as "s"];
   const seconds = Number(m[1]) * unit;
   if (seconds <= 0) throw new InvalidArgumentError("It must be longer than zero.");
+  if (seconds > 3650 * 86_400) throw new InvalidArgumentError("It must be at most 3650d (ten years).");
   return seconds;
 }
 

@@ -198,9 +198,14 @@ Examples:
       const path = `/v2/nvcf/pexec/functions/${functionId}${opts.version ? `/versions/${opts.version.toLowerCase()}` : ""}`;
 
       const started = Date.now();
+      // the service holds a request for its poll window (+2 s grace) before it answers 202 or 504;
+      // a service silent well past that is not going to answer
+      const window = opts.pollSeconds ?? (opts.sse ? 1200 : 60);
+      const headersTimeoutMs = (window + 30) * 1000;
       let res = await send(service, path, {
         method: "POST",
         headers,
+        headersTimeoutMs,
         ...(body !== undefined ? { body, duplex: "half" } : {}),
       });
       let reqId = res.headers.get("nvcf-reqid") ?? undefined;
@@ -216,7 +221,10 @@ Examples:
         }
         progress.update(reqId, res.headers.get("nvcf-percent-complete"), Date.now() - started);
         const pollStarted = Date.now();
-        res = await send(service, `/v2/nvcf/pexec/status/${encodeURIComponent(reqId)}`, { headers: auth });
+        res = await send(service, `/v2/nvcf/pexec/status/${encodeURIComponent(reqId)}`, {
+          headers: auth,
+          headersTimeoutMs,
+        });
         // a poll that comes back at once must not turn into a busy loop
         if (res.status === 202) await sleep(Math.max(0, 1000 - (Date.now() - pollStarted)));
       }

@@ -39,6 +39,7 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
       throw new CallplaneError(
         "VALIDATION_FAILED",
         `the issuer takes an empty body ({}); it sets the scopes and expiry itself (unknown fields: ${fields.slice(0, 10).join(", ")})`,
+        { extra: { errors: fields.slice(0, 50).map((field) => ({ field, message: "unknown field" })) } },
       );
     const signer = await signerPromise;
     const t = await signer.sign();

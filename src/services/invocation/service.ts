@@ -88,6 +88,8 @@ interface Pending {
   /** Body bytes already read past the inline part, served first on GET request-attach. */
   leftover: Buffer | undefined;
   requestToken: string | undefined;
+  /** A worker is reading the rest of the client's body (GET request-attach), which has not ended. */
+  bodyStreaming?: boolean;
   responseToken: string;
   state: PendingState;
   timer: NodeJS.Timeout | undefined;
@@ -295,7 +297,9 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
             "INVOCATION_TIMEOUT",
             p.poll
               ? `the worker did not answer the status request within ${windowSeconds} s; poll again`
-              : `no worker answered function ${p.functionId} (version ${p.version.functionVersionId}) within ${windowSeconds} s; the request was cancelled and removed from the queue. Check that the function is deployed and its instances are ACTIVE (callplane deploy get)`,
+              : p.bodyStreaming
+                ? `a worker took request ${p.requestId}, but the request body did not finish arriving within ${windowSeconds} s, so no answer could come; the request was cancelled. Send the body without pausing`
+                : `no worker answered function ${p.functionId} (version ${p.version.functionVersionId}) within ${windowSeconds} s; the request was cancelled and removed from the queue. Check that the function is deployed and its instances are ACTIVE (callplane deploy get)`,
             { extra: { requestId: p.requestId } },
           ),
           logger,
@@ -541,8 +545,10 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     res.writeHead(200, { "content-type": "application/octet-stream", "nvcf-reqid": p.requestId });
     if (p.leftover) res.write(p.leftover);
     p.leftover = undefined;
+    p.bodyStreaming = true;
     try {
       await pump(p.clientReq, res);
+      p.bodyStreaming = false;
       res.end();
     } catch (err) {
       ctx.log.debug({ requestId: p.requestId, err }, "request body stream to the worker broke");

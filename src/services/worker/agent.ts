@@ -138,7 +138,11 @@ export function createWorkerAgent(
       inflight.set(item.requestId, item);
       outcome = await item.run();
     } catch (err) {
-      logger.error({ err, requestId: item?.requestId }, "work failed");
+      if (item?.abort.signal.aborted) {
+        // a cancel (the client left, or its window ended) cut the work short: expected, not a fault
+        outcome = "cancelled";
+        logger.info({ requestId: item.requestId, err: (err as Error).message }, "work cancelled");
+      } else logger.error({ err, requestId: item?.requestId }, "work failed");
     } finally {
       clearInterval(keepAlive);
       if (item) inflight.delete(item.requestId);

@@ -535,7 +535,8 @@ export class WorkItem {
     } catch (err) {
       if (body instanceof Readable) body.destroy();
       onFail?.();
-      this.deps.logger.warn(
+      // after a cancel (the client left mid-stream) the post is cut on purpose
+      this.deps.logger[this.abort.signal.aborted ? "debug" : "warn"](
         { requestId: this.requestId, err: (err as Error).message, target: target.targetUri },
         "posting the response to the replica failed",
       );
