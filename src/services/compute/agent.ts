@@ -76,7 +76,10 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
 
   const changed = () => {
     dirty = true;
-    if (!syncing) void report().catch(() => undefined);
+    // Fix: once closing, close() sends the last report itself. A status change that came later (an
+    // instance's exit noticed after its stop) used to queue one more report behind it, with
+    // nothing left in it, which replaced the TERMINATED rows with none.
+    if (!syncing && !stopped) void report().catch(() => undefined);
   };
 
   // Fix: reports used to run concurrently (one per status change, plus the sync's), and since each
@@ -158,7 +161,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       })
       .finally(() => {
         syncing = undefined;
-        if (dirty) void report().catch(() => undefined);
+        if (dirty && !stopped) void report().catch(() => undefined);
         if (!stopped) timer = setTimeout(tick, opts.syncIntervalMs);
       });
   };
