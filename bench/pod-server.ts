@@ -4,6 +4,7 @@
 // Usage: node pod-server.js <host:port> <cert.pem> <key.pem>
 import { readFileSync } from "node:fs";
 import { createServer } from "node:https";
+import { writeRepeated } from "../src/lib/stream.js";
 
 const [listen, certFile, keyFile] = process.argv.slice(2);
 const [host, port] = listen.split(":");
@@ -16,19 +17,7 @@ const server = createServer(
     if (req.method === "GET") {
       const total = Number(req.headers["x-bench-bytes"] ?? 0);
       res.writeHead(200, { "content-type": "application/octet-stream", "content-length": total });
-      let sent = 0;
-      const pump = () => {
-        while (sent < total) {
-          const n = Math.min(chunk.length, total - sent);
-          sent += n;
-          if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n))) {
-            res.once("drain", pump);
-            return;
-          }
-        }
-        res.end();
-      };
-      pump();
+      writeRepeated(res, chunk, total);
       req.resume();
       return;
     }

@@ -15,6 +15,9 @@ const dist = join(import.meta.dirname, "..");
 const POD = "127-0-0-1.invocation.nvcf.svc.cluster.local";
 const PATH = "/v2/nvcf/worker/request-attach";
 
+/** One path's figures in one scenario: wrk's, and the CPU the proxy spent per request. */
+export type ProxyResult = WrkResult & { cpuUsPerRequest?: number };
+
 export interface ProxyBenchOptions {
   seconds: number;
   connections: number;
@@ -162,7 +165,7 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
       callplane: { url: `https://127.0.0.1:${cpPort}`, abs: true, pid: cp.pid },
       nodeTlsPipe: { url: `https://127.0.0.1:${pipePort}`, abs: true, pid: pipe.pid },
     };
-    const results: Record<string, Record<string, WrkResult & { cpuUsPerRequest?: number }>> = {
+    const results: Record<string, Record<string, ProxyResult>> = {
       small: {},
       largeDown: {},
       largeUp: {},

@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchInvoke } from "./invoke.js";
-import { benchProxy } from "./proxy.js";
+import { benchProxy, type ProxyResult } from "./proxy.js";
 
 function flag(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -45,31 +45,8 @@ async function main(): Promise<void> {
       largeBytes: flag("large-bytes", 1024 * 1024),
       rounds: flag("rounds", 2),
     });
-    const r = result.results as Record<
-      string,
-      Record<
-        string,
-        {
-          rps: number;
-          p50ms: number;
-          p99ms: number;
-          mbPerSec: number;
-          errors: number;
-          cpuUsPerRequest?: number;
-        }
-      >
-    >;
-    const row = (
-      scenario: string,
-      metric: (x: {
-        rps: number;
-        p50ms: number;
-        p99ms: number;
-        mbPerSec: number;
-        errors: number;
-        cpuUsPerRequest?: number;
-      }) => string,
-    ) =>
+    const r = result.results as Record<string, Record<string, ProxyResult>>;
+    const row = (scenario: string, metric: (x: ProxyResult) => string) =>
       r[scenario]
         ? ["direct", "haproxy", "callplane", "nodeTlsPipe"]
             .filter((k) => r[scenario][k])

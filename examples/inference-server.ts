@@ -15,6 +15,7 @@ import { createHash } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { writeFile, rename } from "node:fs/promises";
 import { join } from "node:path";
+import { writeRepeated } from "../src/lib/stream.js";
 
 const stats = { requests: 0, abandoned: 0, hanging: 0 };
 const seenKeys = new Set<string>();
@@ -92,19 +93,7 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     res.writeHead(200, { "content-type": "application/octet-stream", "content-length": total });
     const chunk = Buffer.alloc(64 * 1024);
     for (let i = 0; i < chunk.length; i++) chunk[i] = i % 251;
-    let sent = 0;
-    const pump = () => {
-      while (sent < total) {
-        const n = Math.min(chunk.length, total - sent);
-        sent += n;
-        if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n))) {
-          res.once("drain", pump);
-          return;
-        }
-      }
-      res.end();
-    };
-    pump();
+    writeRepeated(res, chunk, total);
     return;
   }
   if (path === "/digest") {

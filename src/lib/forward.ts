@@ -4,7 +4,9 @@
 // when no bytes move in either direction for `idleMs`. An upstream that answers 101 is refused.
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { Dispatcher } from "undici";
+import type { CallplaneError } from "./errors.js";
 import { HOP_BY_HOP, connectionListed } from "./headers.js";
+import { writeProblem } from "./http.js";
 
 export type ForwardOutcome =
   "forwarded" | "client_gone" | "upstream_error" | "upstream_timeout" | "refused_framing";
@@ -29,10 +31,10 @@ export interface ForwardOptions {
   /** TLS server name to present when it differs from the origin's host. */
   servername?: string;
   /**
-   * Answers the client when the upstream failed before any response head (the caller knows what
-   * to say); after the head, the client connection is destroyed instead.
+   * What to answer the client when the upstream failed before any response head (the caller knows
+   * what to say; forward() writes it); after the head, the client connection is destroyed instead.
    */
-  onFailure: (res: ServerResponse, result: ForwardResult) => void;
+  onFailure: (result: ForwardResult) => CallplaneError;
 }
 
 /** Resolves with the first body chunk once it parsed cleanly (or null at the end of an empty body). */
@@ -127,7 +129,9 @@ export function forward(
         res.destroy();
         return;
       }
-      opts.onFailure(res, result);
+      const e = opts.onFailure(result);
+      result.status = e.status;
+      writeProblem(res, e);
       req.resume();
     };
     // The head and the first bytes, which usually arrive in the same tick, leave in one write:

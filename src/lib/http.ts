@@ -131,6 +131,15 @@ export function sendProblem(
     res.destroy();
     return;
   }
+  writeProblem(res, e, headers);
+}
+
+/** Writes an RFC 7807 answer (no logging: for callers that log in their own way). */
+export function writeProblem(
+  res: ServerResponse,
+  e: CallplaneError,
+  headers: Record<string, string> = {},
+): void {
   const text = JSON.stringify(e.toProblem());
   res.writeHead(e.status, {
     "content-type": "application/problem+json",
@@ -230,27 +239,25 @@ export function clientErrorAnswer(err: NodeJS.ErrnoException): { status: number;
             "the request did not arrive in time; send the head and body without pausing",
           ]
         : [400, "BAD_REQUEST", `malformed HTTP request (${err.code ?? err.message})`];
-  const body = JSON.stringify(new CallplaneError(code, detail).toProblem());
-  return {
-    status,
-    raw: `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ""}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-  };
+  return { status, raw: rawProblem(new CallplaneError(code, detail)) };
+}
+
+/** A whole HTTP/1.1 answer with an RFC 7807 body, for a raw socket; the connection closes after it. */
+export function rawProblem(e: CallplaneError): string {
+  const body = JSON.stringify(e.toProblem());
+  return `HTTP/1.1 ${e.status} ${STATUS_CODES[e.status] ?? ""}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`;
 }
 
 /** Answers an `Expect` other than `100-continue` (Node's server would send a bare 417). */
 export function expectationFailed(req: IncomingMessage, res: ServerResponse): void {
-  const body = JSON.stringify(
+  writeProblem(
+    res,
     new CallplaneError(
       "EXPECTATION_FAILED",
       `Expect: ${req.headers.expect ?? ""} is not supported; only Expect: 100-continue is`,
-    ).toProblem(),
+    ),
+    { connection: "close" },
   );
-  res.writeHead(417, {
-    "content-type": "application/problem+json",
-    "content-length": Buffer.byteLength(body),
-    connection: "close",
-  });
-  res.end(body);
   req.resume();
 }
 

@@ -157,3 +157,20 @@ export class PumpLimitError extends Error {
     this.name = "PumpLimitError";
   }
 }
+
+/** Writes `total` bytes of a repeating `chunk` to `out` with backpressure, then ends it. */
+export function writeRepeated(out: Writable, chunk: Buffer, total: number): void {
+  let sent = 0;
+  const pump = () => {
+    while (sent < total) {
+      const n = Math.min(chunk.length, total - sent);
+      sent += n;
+      if (!out.write(n === chunk.length ? chunk : chunk.subarray(0, n))) {
+        out.once("drain", pump);
+        return;
+      }
+    }
+    out.end();
+  };
+  pump();
+}

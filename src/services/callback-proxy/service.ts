@@ -12,7 +12,7 @@ import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { forward, forwardHeaders } from "../../lib/forward.js";
 import { countHeader } from "../../lib/headers.js";
-import { answerClientError } from "../../lib/http.js";
+import { answerClientError, rawProblem, writeProblem } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, createRegistry, type Registry } from "../../lib/metrics.js";
 import { formatHostPort, parseCidr, undashIp, type HostPort } from "../../lib/net.js";
@@ -173,15 +173,11 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   ): void {
     callbacks.inc({ outcome });
     const close = outcome === "refused_framing" || outcome === "refused_headers";
-    const body = JSON.stringify(err.toProblem());
     if (!res.headersSent) {
-      res.writeHead(err.status, {
-        "content-type": "application/problem+json",
-        "content-length": Buffer.byteLength(body),
+      writeProblem(res, err, {
         ...(close ? { connection: "close" } : {}),
         ...(err.code === "CONNECT_DISABLED" ? { allow: "GET, POST" } : {}),
       });
-      res.end(body);
     } else {
       res.destroy();
     }
@@ -321,19 +317,12 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       path: target.path,
       headers: upstreamHeaders(req, target),
       idleMs: opts.timeouts.idleMs,
-      onFailure(r, result) {
+      onFailure(result) {
         result.reason ??= describeUpstreamError(result.error!, target);
-        const e = new CallplaneError(
+        return new CallplaneError(
           result.outcome === "upstream_timeout" ? "UPSTREAM_TIMEOUT" : "UPSTREAM_UNAVAILABLE",
           `${result.reason}; the worker should give up on this request`,
         );
-        result.status = e.status;
-        const text = JSON.stringify(e.toProblem());
-        r.writeHead(e.status, {
-          "content-type": "application/problem+json",
-          "content-length": Buffer.byteLength(text),
-        });
-        r.end(text);
       },
     })
       .then((r) => {
@@ -377,15 +366,12 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   function handleConnect(req: IncomingMessage, socket: Socket, head: Buffer): void {
     workerOf(req);
     const started = performance.now();
-    const answer = (status: number, e: CallplaneError, outcome: Outcome) => {
+    const answer = (e: CallplaneError, outcome: Outcome) => {
       callbacks.inc({ outcome });
-      const body = JSON.stringify(e.toProblem());
-      socket.end(
-        `HTTP/1.1 ${status} ${e.code === "CONNECT_DISABLED" ? "Method Not Allowed" : "Forbidden"}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
-      );
+      socket.end(rawProblem(e));
       log(req, {
         target: req.url?.slice(0, 200),
-        status,
+        status: e.status,
         outcome,
         reason: e.message,
         bytesIn: 0,
@@ -395,7 +381,6 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     };
     if (!opts.connectEnabled) {
       answer(
-        405,
         new CallplaneError(
           "CONNECT_DISABLED",
           "CONNECT tunnels are turned off; send a forward-proxy request (absolute-form target) instead",
@@ -409,7 +394,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       target = checkAuthority(req.url ?? "", rules);
     } catch (err) {
       const e = toCallplaneError(err);
-      answer(e.status, e, e.code === "PROXY_TARGET_FORBIDDEN" ? "refused_forbidden" : "refused_target");
+      answer(e, e.code === "PROXY_TARGET_FORBIDDEN" ? "refused_forbidden" : "refused_target");
       return;
     }
     const upstream = netConnect({ host: target.ip, port: target.port, timeout: opts.timeouts.connectMs });

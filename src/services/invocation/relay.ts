@@ -48,9 +48,8 @@ export class Relay {
       path: ATTACH_PATH,
       headers,
       idleMs: this.idleMs,
-      onFailure: (out, result) => {
-        const refused = errorCode(result.error) === "ECONNREFUSED";
-        const e = refused
+      onFailure: (result) =>
+        errorCode(result.error) === "ECONNREFUSED"
           ? new CallplaneError(
               "HOLDER_GONE",
               `the replica ${holderHex(holder)} that holds this request no longer answers at ${entry.relayUrl}; give up on this request`,
@@ -58,15 +57,7 @@ export class Relay {
           : new CallplaneError(
               result.outcome === "upstream_timeout" ? "UPSTREAM_TIMEOUT" : "UPSTREAM_UNAVAILABLE",
               `relaying to the replica ${holderHex(holder)} failed: ${result.reason ?? result.error?.message ?? "unknown error"}`,
-            );
-        result.status = e.status;
-        const text = JSON.stringify(e.toProblem());
-        out.writeHead(e.status, {
-          "content-type": "application/problem+json",
-          "content-length": Buffer.byteLength(text),
-        });
-        out.end(text);
-      },
+            ),
     });
     this.logger.info(
       {
