@@ -14,7 +14,7 @@ import { CallplaneError, isUserError, toCallplaneError } from "./errors.js";
 import { countHeader } from "./headers.js";
 import type { Logger } from "./log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "./metrics.js";
-import { formatHostPort, type HostPort } from "./net.js";
+import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "./net.js";
 
 const UUID_ANY_CASE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -444,10 +444,14 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     requireHostHeader: false,
     // how often Node looks for requests past headersTimeout or requestTimeout (default 30 s)
     connectionsCheckingInterval: 5_000,
+    // bodies stream through these servers: buffers of a few TLS records, not one (plain sockets
+    // take it from here; TLS sockets are widened once their session is up, below)
+    highWaterMark: SOCKET_BUFFER_BYTES,
   };
   const server: Server = opts.tls
     ? createTlsServer({ ...opts.tls, ...serverOptions }, handle)
     : createServer(serverOptions, handle);
+  if (opts.tls) server.prependListener("secureConnection", widenSocketBuffers);
   // no count of header fields beyond the head's size limit: past Node's default count (2000 lines),
   // later fields, Authorization or Content-Type among them, would be dropped without a word
   server.maxHeadersCount = 0;

@@ -10,9 +10,32 @@ export interface LogOptions {
   sync?: boolean;
 }
 
-/** One JSON logger per service. Lines carry `service` and, where known, `requestId`. */
+/** Lines are written in batches of up to this many bytes, and at most FLUSH_MS after they were logged. */
+const BATCH_BYTES = 8192;
+const FLUSH_MS = 200;
+
+/**
+ * One JSON logger per service. Lines carry `service` and, where known, `requestId`. Unless `sync`,
+ * lines are batched (a write per line cost the callback proxy a fifth of its CPU per callback, for
+ * its access log) and flushed within FLUSH_MS; a service that stops flushes what is left.
+ */
 export function createLogger(service: string, opts: LogOptions = {}): Logger {
-  const dest = pino.destination({ dest: opts.destination ?? 1, sync: opts.sync ?? false, mkdir: true });
+  const sync = opts.sync ?? false;
+  const dest = pino.destination({
+    dest: opts.destination ?? 1,
+    sync,
+    mkdir: true,
+    ...(sync ? {} : { minLength: BATCH_BYTES }),
+  });
+  if (!sync) {
+    // (sonic-boom keeps the batch's length in _len; nothing buffered, nothing to write)
+    const pending = dest as typeof dest & { _len?: number; destroyed?: boolean; fd: number };
+    const timer = setInterval(() => {
+      if (pending.destroyed) clearInterval(timer);
+      else if (pending.fd >= 0 && pending._len !== 0) dest.flush();
+    }, FLUSH_MS);
+    timer.unref();
+  }
   return pino(
     {
       level: opts.level ?? (process.env.CALLPLANE_LOG_LEVEL as LevelWithSilent | undefined) ?? "info",

@@ -66,3 +66,26 @@ export function cidrHost(cidr: Cidr, n: number): string {
   const v = (cidr.base + n) >>> 0;
   return [v >>> 24, (v >>> 16) & 255, (v >>> 8) & 255, v & 255].join(".");
 }
+
+/**
+ * Socket buffers for streamed bodies: Node's 16 KiB default makes nearly every write of a streamed
+ * body return false, and every hop then pauses and resumes its source once per TLS record.
+ */
+export const SOCKET_BUFFER_BYTES = 256 * 1024;
+
+interface StreamStates {
+  _readableState?: { highWaterMark: number };
+  _writableState?: { highWaterMark: number };
+}
+
+/**
+ * Gives an accepted TLS socket buffers of `bytes` each way. Node 20 creates server-side TLS sockets
+ * with 16 KiB buffers whatever `highWaterMark` the server was given (it applies to the TCP socket
+ * below only), and offers no public way to change them; streams read their mark on every push and
+ * write, so setting it once the session is up takes effect at once. A test checks it holds.
+ */
+export function widenSocketBuffers(socket: object, bytes = SOCKET_BUFFER_BYTES): void {
+  const s = socket as StreamStates;
+  if (s._readableState) s._readableState.highWaterMark = bytes;
+  if (s._writableState) s._writableState.highWaterMark = bytes;
+}

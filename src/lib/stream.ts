@@ -1,6 +1,6 @@
 // Stream plumbing for bodies that must never sit whole in memory: read a bounded prefix and leave
 // the rest paused in the stream, and pump one stream into another honouring backpressure.
-import type { Readable, Writable } from "node:stream";
+import { Readable, type Writable } from "node:stream";
 import { HeadReader, type ParsedHead } from "./h1.js";
 
 export interface Prefix {
@@ -173,4 +173,49 @@ export function writeRepeated(out: Writable, chunk: Buffer, total: number): void
     out.end();
   };
   pump();
+}
+
+/**
+ * A byte stream of `head`, then the bytes of `rest` (a stream, or a function that opens one when
+ * this stream is first read). The source flows straight through, paused whenever this stream is
+ * full: no copies, and none of the promise-and-microtask per chunk that an async generator costs
+ * (a fifth of the worker's CPU on large bodies). Destroying either side destroys the other.
+ */
+export function prepend(head: Buffer | undefined, rest: Readable | (() => Promise<Readable>)): Readable {
+  let src: Readable | undefined;
+  let opening = false;
+  const out: Readable = new Readable({
+    highWaterMark: 256 * 1024,
+    read() {
+      if (src) {
+        src.resume();
+        return;
+      }
+      if (opening) return;
+      opening = true;
+      const attach = (s: Readable) => {
+        src = s;
+        if (out.destroyed) {
+          s.destroy();
+          return;
+        }
+        s.on("data", (c: Buffer) => {
+          if (!out.push(c)) s.pause();
+        });
+        s.once("end", () => out.push(null));
+        s.once("error", (err) => out.destroy(err));
+        s.once("close", () => {
+          if (!s.readableEnded && !out.destroyed) out.destroy(new Error("the source closed before it ended"));
+        });
+      };
+      if (typeof rest === "function") rest().then(attach, (err: unknown) => out.destroy(err as Error));
+      else attach(rest);
+    },
+    destroy(err, cb) {
+      src?.destroy();
+      cb(err);
+    },
+  });
+  if (head?.length) out.push(head);
+  return out;
 }

@@ -7,7 +7,7 @@
 import { createServer as createHttpsServer, type Server } from "node:https";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { connect as netConnect, type Socket } from "node:net";
-import { checkServerIdentity, type PeerCertificate } from "node:tls";
+import { checkServerIdentity, createSecureContext, type PeerCertificate } from "node:tls";
 import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { forward, forwardHeaders } from "../../lib/forward.js";
@@ -15,7 +15,14 @@ import { countHeader } from "../../lib/headers.js";
 import { answerClientError, rawProblem, writeProblem } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, createRegistry, type Registry } from "../../lib/metrics.js";
-import { formatHostPort, parseCidr, undashIp, type HostPort } from "../../lib/net.js";
+import {
+  SOCKET_BUFFER_BYTES,
+  formatHostPort,
+  parseCidr,
+  undashIp,
+  widenSocketBuffers,
+  type HostPort,
+} from "../../lib/net.js";
 import type { TlsMaterial } from "../../lib/tls-reload.js";
 import { checkAuthority, checkTarget, type PodTarget, type TargetRules } from "./target.js";
 
@@ -103,7 +110,10 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       keepAliveTimeout: 30_000,
       connect: {
         timeout: opts.timeouts.connectMs,
-        ca: podCa,
+        // large bodies stream through each connection: 256 KiB buffers (undici's TLS default: 16)
+        ...({ highWaterMark: SOCKET_BUFFER_BYTES } as object),
+        // one context per CA bundle, not one parsed per connection
+        secureContext: createSecureContext({ ca: podCa }),
         rejectUnauthorized: true,
         // the pod's address comes from its name, never from DNS
         lookup: (
@@ -454,9 +464,6 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       connectionsCheckingInterval: Math.min(1000, opts.timeouts.headersMs),
       // a callback without Host is allowed (the target names the pod); Node would answer a bare 400
       requireHostHeader: false,
-      // a large answer arrives from the pod in 16 KiB TLS records; with the default 16 KiB buffer
-      // toward the worker, every record would pause and resume the upstream read
-      highWaterMark: 256 * 1024,
     },
     handle,
   );
@@ -495,6 +502,8 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     );
   });
   const sockets = new Set<Socket>();
+  // large bodies stream both ways through the worker's session: 256 KiB buffers, not 16 KiB
+  server.prependListener("secureConnection", widenSocketBuffers);
   server.on("secureConnection", (s: Socket) => {
     sockets.add(s);
     s.once("close", () => sockets.delete(s));

@@ -15,6 +15,7 @@ import { Readable } from "node:stream";
 import type { Dispatcher, Pool } from "undici";
 import { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
 import { serializeResponseHead } from "../../lib/h1.js";
+import { prepend } from "../../lib/stream.js";
 import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
 import type { Logger } from "../../lib/log.js";
 import { subjects } from "../../lib/queue.js";
@@ -308,21 +309,17 @@ export class WorkItem {
     let body: Buffer | Readable | undefined;
     if (requestToken) {
       const signal = this.abort.signal;
-      body = Readable.from(
-        (async function* () {
-          if (inline?.length) yield inline;
-          const r = await callbacks.fetchBody({ targetUri, token: requestToken, proxyUri }, signal);
-          if (r.statusCode !== 200) {
-            const text = await r.body.text().catch(() => "");
-            throw new WorkerError(
-              502,
-              `the replica refused to hand over the request body (${r.statusCode} ${text.slice(0, 200)})`,
-            );
-          }
-          yield* r.body as AsyncIterable<Buffer>;
-        })(),
-        { objectMode: false },
-      );
+      body = prepend(inline, async () => {
+        const r = await callbacks.fetchBody({ targetUri, token: requestToken, proxyUri }, signal);
+        if (r.statusCode !== 200) {
+          const text = await r.body.text().catch(() => "");
+          throw new WorkerError(
+            502,
+            `the replica refused to hand over the request body (${r.statusCode} ${text.slice(0, 200)})`,
+          );
+        }
+        return r.body;
+      });
     } else if (inline?.length) {
       body = inline;
       headers["content-length"] = String(inline.length);
@@ -485,13 +482,7 @@ export class WorkItem {
       await this.post(target, Buffer.concat([head, bytes]), head.length + bytes.length);
       return "answered";
     }
-    const body = Readable.from(
-      (async function* () {
-        yield head;
-        yield* inner as AsyncIterable<Buffer>;
-      })(),
-      { objectMode: false },
-    );
+    const body = prepend(head, inner);
     await this.post(target, body, contentLength === undefined ? undefined : head.length + contentLength, () =>
       inner.destroy(),
     );
