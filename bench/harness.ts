@@ -4,7 +4,7 @@
 import autocannon from "autocannon";
 import { Client } from "undici";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus, totalmem } from "node:os";
 
@@ -54,7 +54,7 @@ export function start(
   command: string,
   args: string[],
   env: NodeJS.ProcessEnv,
-  opts: { ipc?: boolean } = {},
+  opts: { ipc?: boolean; logFile?: string } = {},
 ): Promise<ChildProcess> {
   return new Promise((resolve, reject) => {
     // CALLPLANE_BENCH_NODE_ARGS="--cpu-prof --cpu-prof-dir=/tmp/prof" profiles the services under test
@@ -62,10 +62,12 @@ export function start(
       command === process.execPath && process.env.CALLPLANE_BENCH_NODE_ARGS
         ? process.env.CALLPLANE_BENCH_NODE_ARGS.split(" ")
         : [];
+    const out = opts.logFile ? openSync(opts.logFile, "a") : "ignore";
     const child = spawn(command, [...extra, ...args], {
       env: { ...process.env, ...env },
-      stdio: opts.ipc ? ["ignore", "ignore", "inherit", "ipc"] : ["ignore", "ignore", "inherit"],
+      stdio: opts.ipc ? ["ignore", out, "inherit", "ipc"] : ["ignore", out, "inherit"],
     });
+    if (typeof out === "number") closeSync(out);
     procs.push(child);
     child.once("error", reject);
     child.once("exit", (code) => reject(new Error(`${name} exited with ${code}`)));

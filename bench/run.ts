@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchInvoke } from "./invoke.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
+import { benchStream } from "./stream.js";
 
 function flag(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -17,27 +18,34 @@ async function main(): Promise<void> {
   if (which === "invoke") {
     result = await benchInvoke({
       seconds: flag("seconds", 10),
-      connections: flag("connections", 64),
+      connections: flag("connections", 32),
       workers: flag("workers", 1),
       concurrency: flag("concurrency", 128),
     });
-    const l = result.latency as {
-      direct: { p50: number; p99: number };
-      callplane: { p50: number; p99: number };
-      addedP50ms: number;
+    type Lat = { p50: number; p99: number };
+    type Tp = {
+      rps: number;
+      p50: number;
+      p99: number;
+      errors: number;
+      non2xx: number;
+      cpuMsPerRequest: Record<string, number>;
     };
-    const t = result.throughput as {
-      direct: { rps: number };
-      callplane: { rps: number; errors: number; non2xx: number };
-      ratio: number;
+    const l = result.latency as Record<"direct" | "directCallbacks" | "viaProxy", Lat> & {
+      addedP50ms: Record<string, number>;
+    };
+    const t = result.throughput as Record<"direct" | "directCallbacks" | "viaProxy", Tp> & {
+      ratio: Record<string, number>;
     };
     console.log(`\ninvoke benchmark (1 KiB echo), ${String(result.machine)}`);
-    console.log(
-      `  latency, 1 client:      direct p50 ${l.direct.p50} ms p99 ${l.direct.p99} ms | callplane p50 ${l.callplane.p50} ms p99 ${l.callplane.p99} ms | added p50 ${l.addedP50ms} ms`,
-    );
-    console.log(
-      `  throughput, ${flag("connections", 64)} clients: direct ${Math.round(t.direct.rps)}/s | callplane ${Math.round(t.callplane.rps)}/s (errors ${t.callplane.errors}, non-2xx ${t.callplane.non2xx}) | ratio ${t.ratio}`,
-    );
+    for (const name of ["direct", "directCallbacks", "viaProxy"] as const) {
+      const cpu = Object.entries(t[name].cpuMsPerRequest)
+        .map(([k, v]) => `${k} ${v}`)
+        .join(", ");
+      console.log(
+        `  ${name.padEnd(16)} 1 client: p50 ${l[name].p50} ms p99 ${l[name].p99} ms${name === "direct" ? "" : ` (added p50 ${l.addedP50ms[name]} ms)`} | ${flag("connections", 32)} clients: ${Math.round(t[name].rps)}/s p50 ${t[name].p50} ms p99 ${t[name].p99} ms${t[name].errors ? ` errors ${t[name].errors}` : ""}${name === "direct" ? "" : ` (${t.ratio[name]}x direct)`} | CPU ms/invocation: ${cpu}`,
+      );
+    }
   } else if (which === "proxy") {
     result = await benchProxy({
       seconds: flag("seconds", 8),
@@ -69,8 +77,38 @@ async function main(): Promise<void> {
       "  (nodeTlsPipe: a bare node:tls byte pipe with no HTTP, no routing, no pooling: the ceiling for a proxy on Node's TLS)",
     );
     console.log(`  ratios vs HAProxy: ${JSON.stringify(result.ratios)}`);
+  } else if (which === "stream") {
+    result = await benchStream({
+      mib: flag("mib", 1024),
+      rounds: flag("rounds", 3),
+      chunked: !process.argv.includes("--content-length"),
+    });
+    const r = result.results as Record<
+      string,
+      {
+        mbPerSecEachWay: number;
+        runs: number[];
+        peakGrowthMiB: Record<string, number>;
+        cpuMsPerMiB: Record<string, number>;
+      }
+    >;
+    console.log(
+      `\nstream benchmark (${flag("mib", 1024)} MiB echoed through the chain, curl), ${String(result.machine)}`,
+    );
+    for (const [name, x] of Object.entries(r)) {
+      const peaks = Object.entries(x.peakGrowthMiB)
+        .map(([k, v]) => `${k} +${v}`)
+        .join(", ");
+      const cpu = Object.entries(x.cpuMsPerMiB)
+        .map(([k, v]) => `${k} ${v}`)
+        .join(", ");
+      console.log(
+        `  ${name.padEnd(16)} ${x.mbPerSecEachWay} MB/s each way (runs ${x.runs.join(", ")}); peak RSS growth MiB: ${peaks}; CPU ms/MiB: ${cpu}`,
+      );
+    }
+    console.log(`  ratios: ${JSON.stringify(result.ratios)}`);
   } else {
-    throw new Error(`unknown benchmark ${which}; use invoke or proxy`);
+    throw new Error(`unknown benchmark ${which}; use invoke, proxy or stream`);
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");
   mkdirSync(dir, { recursive: true });

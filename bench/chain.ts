@@ -1,0 +1,205 @@
+// The whole invocation chain for benchmarks, as real processes on loopback: nats-server, the API
+// (for key checks), the example inference server, worker agents, and two invocation replicas of
+// the same function: one whose workers call back through the callback proxy (TLS to the proxy, TLS
+// from the proxy to the replica's worker listener: the path `npm start` sets up) and one whose
+// workers call the replica's plain pod address (the in-cluster path). Both are measured in one run.
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import type { ChildProcess } from "node:child_process";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from "../src/lib/auth.js";
+import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
+import { TLS_FILES, createCa, invocationCertFolder, issueServerCert } from "../src/lib/pki.js";
+import { freePort, start, waitHttp } from "./harness.js";
+
+const dist = join(import.meta.dirname, "..");
+const WORKER_DOMAIN = "worker.callplane.test";
+const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
+
+export interface ChainOptions {
+  workers: number;
+  concurrency: number;
+  /** Extra environment for the worker agents. */
+  workerEnv?: NodeJS.ProcessEnv;
+}
+
+export interface Chain {
+  dir: string;
+  key: string;
+  functionId: string;
+  echo: { url: string; proc: ChildProcess };
+  /** The replica whose workers call back through the proxy (as `npm start` sets up). */
+  viaProxy: { url: string; proc: ChildProcess };
+  /** The replica whose workers call its plain pod address (in-cluster, no proxy). */
+  direct: { url: string; proc: ChildProcess };
+  proxy: ChildProcess;
+  nats: ChildProcess;
+  workers: ChildProcess[];
+  /** Every process of the chain by role, for CPU and memory figures. */
+  roles(path: "viaProxy" | "directCallbacks"): Record<string, number[]>;
+  close(): void;
+}
+
+async function json<T>(url: string, token: string, body?: unknown): Promise<T> {
+  const r = await fetch(url, {
+    method: body === undefined ? "GET" : "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  if (!r.ok) throw new Error(`${url}: ${r.status} ${text}`);
+  return JSON.parse(text) as T;
+}
+
+export async function startChain(o: ChainOptions): Promise<Chain> {
+  const dir = mkdtempSync(join(tmpdir(), "callplane-bench-chain-"));
+  const keyFile = join(dir, "keys", "admin.key.pem");
+  ensureAdminKeyPair(keyFile, join(dir, "keys", "admin.pub.pem"));
+  ensureServiceTokens(join(dir, "secrets"));
+  const natsPort = await freePort();
+  const natsCfg = writeNatsServerConfig(join(dir, "nats"), { host: "127.0.0.1", port: natsPort });
+  const nats = await start("nats-server", natsServerBinary(), ["-c", natsCfg.configFile], {});
+  await waitForNats({ host: "127.0.0.1", port: natsPort });
+
+  // the stack CA, the proxy's frontend certificate and the proxy-path replica's pod certificate
+  const pki = join(dir, "pki");
+  const ca = await createCa("bench CA");
+  const front = await issueServerCert(ca, [`*.${WORKER_DOMAIN}`, WORKER_DOMAIN]);
+  mkdirSync(join(pki, "proxy"), { recursive: true });
+  writeFileSync(join(pki, "ca.crt"), ca.certPem);
+  writeFileSync(join(pki, "ca.key"), ca.keyPem, { mode: 0o600 });
+  writeFileSync(join(pki, "proxy", TLS_FILES.cert), front.certPem);
+  writeFileSync(join(pki, "proxy", TLS_FILES.key), front.keyPem, { mode: 0o600 });
+  const proxyIp = "127.0.1.1";
+  const directIp = "127.0.1.2";
+  const pod = await issueServerCert(ca, [`127-0-1-1.invocation.${SERVICE_DOMAIN}`]);
+  const podDir = invocationCertFolder(pki, proxyIp);
+  mkdirSync(podDir, { recursive: true });
+  writeFileSync(join(podDir, TLS_FILES.cert), pod.certPem);
+  writeFileSync(join(podDir, TLS_FILES.key), pod.keyPem, { mode: 0o600 });
+
+  const apiPort = await freePort();
+  const invPort = await freePort();
+  const tlsPort = await freePort();
+  const proxyPort = await freePort();
+  const common: NodeJS.ProcessEnv = {
+    CALLPLANE__GLOBAL__DATA_DIR: dir,
+    CALLPLANE__LOG__LEVEL: "warn",
+    CALLPLANE__NATS__URL: `nats://127.0.0.1:${natsPort}`,
+    CALLPLANE__API__URL: `http://127.0.0.1:${apiPort}`,
+    CALLPLANE__AUTH__ADMIN_SIGNING_KEY_FILE: keyFile,
+    CALLPLANE__AUTH__ADMIN_PUBLIC_KEY_FILE: join(dir, "keys", "admin.pub.pem"),
+    CALLPLANE__GLOBAL__REGION: "bench",
+    CALLPLANE__PKI__DIR: pki,
+    CALLPLANE__INVOCATION__PORT: String(invPort),
+    CALLPLANE__WORKER_CALLBACK_PROXY__LISTEN: `127.0.0.1:${proxyPort}`,
+    CALLPLANE__WORKER_CALLBACK_PROXY__METRICS_LISTEN: `127.0.0.1:${await freePort()}`,
+    CALLPLANE__WORKER_CALLBACK_PROXY__INVOCATION__WORKER_TLS_PORT: String(tlsPort),
+    // one replica each way: no relay needed, and none measured
+    CALLPLANE__INVOCATION__RELAY__ENABLED: "false",
+  };
+  // each service's log goes to <dir>/logs/<name>.log (CALLPLANE_BENCH_KEEP=1 keeps the folder)
+  mkdirSync(join(dir, "logs"), { recursive: true });
+  const service = (name: string, env: NodeJS.ProcessEnv, label = name) =>
+    start(
+      name,
+      process.execPath,
+      [join(dist, "src/services", name, "main.js")],
+      { ...common, ...env },
+      {
+        ipc: true,
+        logFile: join(dir, "logs", `${label}.log`),
+      },
+    );
+  await service("api", { CALLPLANE__API__LISTEN: `127.0.0.1:${apiPort}` });
+  const api = `http://127.0.0.1:${apiPort}`;
+  const admin = (await (await createAdminTokenSigner(readFileSync(keyFile, "utf8"), 3600)).sign()).token;
+  const fn = (
+    await json<{ function: { id: string; versionId: string } }>(`${api}/v2/nvcf/functions`, admin, {
+      name: "bench-echo",
+      inferenceUrl: "/echo",
+      containerImage: "local/echo",
+      health: { uri: "/health" },
+    })
+  ).function;
+  await json(`${api}/v2/nvcf/deployments/functions/${fn.id}/versions/${fn.versionId}`, admin, {
+    deploymentSpecifications: [
+      {
+        gpu: "local",
+        instanceType: "local.cpu",
+        minInstances: o.workers,
+        maxInstances: o.workers,
+        maxRequestConcurrency: o.concurrency,
+      },
+    ],
+  });
+  const key = (await json<{ value: string }>(`${api}/v1/keys`, admin, { description: "bench" })).value;
+
+  const echoPort = await freePort();
+  const echo = await start(
+    "echo",
+    process.execPath,
+    [join(dist, "examples/inference-server.js"), "--listen", `127.0.0.1:${echoPort}`],
+    {},
+  );
+  await waitHttp(`http://127.0.0.1:${echoPort}/health`);
+  const viaProxy = await service("invocation", { POD_IP: proxyIp }, "invocation-via-proxy");
+  const direct = await service(
+    "invocation",
+    { POD_IP: directIp, CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "false" },
+    "invocation-direct",
+  );
+  const proxy = await service("callback-proxy", { CALLPLANE__LOG__LEVEL: "info" });
+  const workers: ChildProcess[] = [];
+  for (let i = 0; i < o.workers; i++) {
+    workers.push(
+      await start(
+        `worker-${i}`,
+        process.execPath,
+        [join(dist, "src/services/worker/main.js")],
+        {
+          NVCF_FQDN_NATS: `nats://127.0.0.1:${natsPort}`,
+          FUNCTION_ID: fn.id,
+          FUNCTION_VERSION_ID: fn.versionId,
+          INFERENCE_PORT: String(echoPort),
+          INFERENCE_HEALTH_ENDPOINT: "/health",
+          HEALTH_HOST: "127.0.0.1",
+          HEALTH_PORT: "0",
+          MAX_REQUEST_CONCURRENCY: String(o.concurrency),
+          NVCF_REGION: "bench",
+          BASE_RESPONSE_DIR: join(dir, `responses-${i}`),
+          NVCF_PROXY_CA_FILE: join(pki, "ca.crt"),
+          CALLPLANE_WORKER_HOST_MAP: `invocation.${WORKER_DOMAIN}=127.0.0.1`,
+          CALLPLANE_LOG_LEVEL: "warn",
+          ...o.workerEnv,
+        },
+        { ipc: true, logFile: join(dir, "logs", `worker-${i}.log`) },
+      ),
+    );
+  }
+  const path = `/v2/nvcf/pexec/functions/${fn.id}`;
+  return {
+    dir,
+    key,
+    functionId: fn.id,
+    echo: { url: `http://127.0.0.1:${echoPort}`, proc: echo },
+    viaProxy: { url: `http://${proxyIp}:${invPort}${path}`, proc: viaProxy },
+    direct: { url: `http://${directIp}:${invPort}${path}`, proc: direct },
+    proxy,
+    nats,
+    workers,
+    roles(which) {
+      return {
+        nats: [nats.pid!],
+        invocation: [(which === "viaProxy" ? viaProxy : direct).pid!],
+        ...(which === "viaProxy" ? { proxy: [proxy.pid!] } : {}),
+        worker: workers.map((w) => w.pid!),
+        echo: [echo.pid!],
+      };
+    },
+    close() {
+      if (process.env.CALLPLANE_BENCH_KEEP) console.log(`  kept ${dir}`);
+      else rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
