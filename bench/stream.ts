@@ -25,12 +25,25 @@ interface Transfer {
   status: number;
 }
 
-function curlEcho(url: string, file: string, headers: Record<string, string>): Promise<Transfer> {
+/**
+ * curl uploads `bytes` and counts what comes back. With `pipe`, the body comes from a pipe (curl
+ * -T -, chunked, in the few-KiB pieces a pipe delivers: what a user streaming a body sends, and
+ * the shape that once collapsed); otherwise from a sparse file with a Content-Length.
+ */
+function curlEcho(
+  url: string,
+  body: { pipe: true; bytes: number } | { pipe: false; file: string },
+  headers: Record<string, string>,
+): Promise<Transfer> {
   return new Promise((resolve, reject) => {
     const args = ["-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}"];
     for (const [k, v] of Object.entries(headers)) args.push("-H", `${k}: ${v}`);
-    args.push("-X", "POST", "-T", file, url);
-    const p = spawn("curl", args, { stdio: ["ignore", "pipe", "inherit"] });
+    args.push("-X", "POST", "-T", body.pipe ? "-" : body.file, url);
+    const p = body.pipe
+      ? spawn("bash", ["-c", `head -c ${body.bytes} /dev/zero | exec curl "$@"`, "curl", ...args], {
+          stdio: ["ignore", "pipe", "inherit"],
+        })
+      : spawn("curl", args, { stdio: ["ignore", "pipe", "inherit"] });
     let out = "";
     p.stdout.on("data", (d: Buffer) => (out += d.toString()));
     p.on("error", reject);
@@ -68,19 +81,20 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
     const fd = openSync(file, "w");
     ftruncateSync(fd, o.mib * 2 ** 20);
     closeSync(fd);
-    // chunked by default: the shape of a client streaming a body of unknown length (curl -T -),
+    // chunked from a pipe by default: the shape of a client streaming a body of unknown length,
     // which makes every hop stream (no Content-Length anywhere on the way back)
-    const framing: Record<string, string> = o.chunked ? { "transfer-encoding": "chunked" } : {};
+    const body = o.chunked
+      ? ({ pipe: true, bytes: o.mib * 2 ** 20 } as const)
+      : ({ pipe: false, file } as const);
     const auth = {
       authorization: `Bearer ${chain.key}`,
       "content-type": "application/octet-stream",
       "nvcf-poll-seconds": "3600",
-      ...framing,
     };
     const paths = {
       echo: {
         url: `${chain.echo.url}/echo`,
-        headers: { "content-type": "application/octet-stream", ...framing },
+        headers: { "content-type": "application/octet-stream" },
       },
       directCallbacks: { url: chain.direct.url, headers: auth },
       viaProxy: { url: chain.viaProxy.url, headers: auth },
@@ -89,7 +103,7 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
     for (const p of Object.values(paths)) {
       const small = join(chain.dir, "warm.bin");
       writeFileSync(small, Buffer.alloc(4 * 2 ** 20));
-      await curlEcho(p.url, small, p.headers);
+      await curlEcho(p.url, { pipe: false, file: small }, p.headers);
     }
     type Row = {
       transfers: Transfer[];
@@ -107,7 +121,7 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
         const idle = new Map(pids.map(({ pid }) => [pid, rssKiB(pid, "VmRSS")]));
         const cpu0 = new Map(pids.map(({ pid }) => [pid, cpuMs(pid)]));
         for (const { pid } of pids) resetPeak(pid);
-        const t = await curlEcho(p.url, file, p.headers);
+        const t = await curlEcho(p.url, body, p.headers);
         if (t.status !== 200 || t.bytes !== o.mib * 2 ** 20)
           throw new Error(`${name}: status ${t.status}, ${t.bytes} of ${o.mib * 2 ** 20} bytes came back`);
         const row = (rows[name] ??= { transfers: [], peakGrowthMiB: {}, cpuMsPerMiB: {} });

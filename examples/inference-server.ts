@@ -1,6 +1,7 @@
 // The example inference server used by the demo, the tests and the benchmarks. One small HTTP
 // server with a route per behaviour a function may have:
 //   POST /echo            the request body back, byte for byte, streamed, with the same Content-Type
+//                         (?readPauseMs=N: a slow reader, pausing N ms after each MiB it reads)
 //   GET|POST /sse         server-sent events (?events=5&intervalMs=200)
 //   POST /slow            answers after ?seconds=3, writing NVCF progress files meanwhile
 //   GET|POST /large       ?bytes=N bytes of a repeating pattern, streamed (Content-Length set)
@@ -32,6 +33,35 @@ async function writeProgress(dir: string, id: string, progress: number, partial:
   await rename(tmp, join(dir, "progress"));
 }
 
+/**
+ * Echoes like pipe(), but pauses reading for `ms` after each MiB: a reader slower than its writer.
+ * Reading resumes once the pause is over and the response has drained.
+ */
+function echoSlowly(req: IncomingMessage, res: ServerResponse, ms: number): void {
+  let sinceLast = 0;
+  let waits = 0;
+  const hold = () => {
+    if (waits++ === 0) req.pause();
+  };
+  const release = () => {
+    if (--waits === 0) req.resume();
+  };
+  req.on("data", (c: Buffer) => {
+    if (!res.write(c)) {
+      hold();
+      res.once("drain", release);
+    }
+    sinceLast += c.length;
+    if (sinceLast >= 1024 * 1024) {
+      sinceLast = 0;
+      hold();
+      setTimeout(release, ms);
+    }
+  });
+  req.once("end", () => res.end());
+  res.once("close", () => req.destroy());
+}
+
 export function handle(req: IncomingMessage, res: ServerResponse): void {
   stats.requests++;
   const url = new URL(req.url ?? "/", "http://inference");
@@ -46,7 +76,9 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     if (req.headers["content-length"] !== undefined)
       headers["content-length"] = req.headers["content-length"];
     res.writeHead(200, headers);
-    req.pipe(res);
+    const pause = Number(url.searchParams.get("readPauseMs") ?? 0);
+    if (pause > 0) echoSlowly(req, res, pause);
+    else req.pipe(res);
     return;
   }
   if (path === "/sse") {

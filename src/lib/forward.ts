@@ -101,6 +101,7 @@ export function forward(
     };
     let controller: Dispatcher.DispatchController | undefined;
     let paused = false;
+    let chunkedAnswer = false;
     let done = false;
     const hasBody = req.method !== "GET" && req.method !== "HEAD";
     const declared =
@@ -188,6 +189,7 @@ export function forward(
               return;
             }
             result.status = statusCode;
+            chunkedAnswer = headers["content-length"] === undefined;
             const out: OutgoingHttpHeaders = {};
             const listed = connectionListed(headers.connection);
             for (const [k, v] of Object.entries(headers)) {
@@ -199,8 +201,10 @@ export function forward(
           },
           onResponseData(c, chunk) {
             result.bytesOut += chunk.length;
-            // (still corked from the head when the first bytes come in the same tick; later chunks
-            // arrive one read at a time, and corking each would only add work)
+            // The chunks of a chunked answer that one socket read brought leave in one write: one
+            // TLS record per 16 KiB, not one per chunk. (A body with a Content-Length already comes
+            // one socket read at a time.)
+            if (chunkedAnswer) cork();
             if (!res.write(chunk) && !paused && res.writableLength >= PAUSE_BUDGET) {
               paused = true;
               c.pause();
