@@ -104,8 +104,10 @@ export const configSchema = z.strictObject({
       .positive()
       .default(1024 * 1024),
     database: section({
-      driver: z.enum(["sqlite"]).default("sqlite"),
+      driver: z.enum(["sqlite", "postgres"]).default("sqlite"),
       path: z.string().default(""),
+      url: optionalUrl(["postgres", "postgresql"]),
+      maxConnections: z.number().int().min(1).max(1000).default(10),
     }),
   }),
   adminIssuerProxy: section({
@@ -285,6 +287,15 @@ function crossFieldProblems(c: Config): string[] {
       );
     }
   }
+  const db = c.api.database;
+  if (db.driver === "postgres" && !db.url)
+    p.push(
+      "api.database.driver is postgres but api.database.url is empty: set it to postgres://user:password@host:port/database",
+    );
+  if (db.driver === "sqlite" && db.url)
+    p.push(
+      `api.database.url is set (${db.url.replace(/\/\/[^@/]*@/, "//…@")}) but api.database.driver is sqlite: set api.database.driver to postgres, or clear api.database.url`,
+    );
   if (c.compute.restartBackoff.initialSeconds > c.compute.restartBackoff.maxSeconds) {
     p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
   }

@@ -3,6 +3,7 @@ import { SERVICE_SCOPES, readServiceToken, type ServiceName } from "../../lib/au
 import { parseHostPort } from "../../lib/net.js";
 import { runService } from "../../lib/service-main.js";
 import { createApiService } from "./service.js";
+import { openPostgresStore } from "./store/postgres.js";
 import { openSqliteStore } from "./store/sqlite.js";
 
 runService("api", async (config, logger) => {
@@ -25,7 +26,11 @@ runService("api", async (config, logger) => {
       );
     }
   }
-  const store = openSqliteStore(config.api.database.path);
+  const db = config.api.database;
+  const store =
+    db.driver === "postgres"
+      ? await openPostgresStore({ url: db.url, maxConnections: db.maxConnections })
+      : openSqliteStore(db.path);
   const api = createApiService({
     listen: parseHostPort(config.api.listen),
     store,

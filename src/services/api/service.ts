@@ -34,13 +34,14 @@ import {
   updateFunctionSchema,
   type CreateFunctionBody,
 } from "./schemas.js";
-import type {
-  ApiKeyRecord,
-  DeploymentRecord,
-  FunctionSpec,
-  FunctionVersionRecord,
-  InstanceRecord,
-  Store,
+import {
+  NameTakenError,
+  type ApiKeyRecord,
+  type DeploymentRecord,
+  type FunctionSpec,
+  type FunctionVersionRecord,
+  type InstanceRecord,
+  type Store,
 } from "./store/types.js";
 import { z } from "zod";
 
@@ -350,7 +351,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     try {
       await store.createFunction(v);
     } catch (err) {
-      if (/UNIQUE constraint failed: functions.name/.test(String(err))) {
+      // (another replica created the name between the check above and this write)
+      if (err instanceof NameTakenError) {
         throw new CallplaneError("FUNCTION_NAME_TAKEN", `a function named "${body.name}" exists`);
       }
       throw err;

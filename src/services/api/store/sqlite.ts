@@ -2,17 +2,24 @@
 import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
 import Database from "better-sqlite3";
-import type {
-  ApiKeyRecord,
-  DeploymentRecord,
-  DeploymentSpecification,
-  FunctionSpec,
-  FunctionVersionRecord,
-  InstanceRecord,
-  Store,
-} from "./types.js";
+import {
+  VERSION_SELECT,
+  deploymentFromRow,
+  instanceFromRow,
+  keyFromRow,
+  versionFromRow,
+  type DeploymentRow,
+  type InstanceRow,
+  type KeyRow,
+  type VersionRow,
+} from "./rows.js";
+import { NameTakenError, type Store } from "./types.js";
 
-/** Versioned migrations; each runs once, in order, inside a transaction. Never edit a shipped one. */
+/**
+ * Versioned migrations; each runs once, in order, inside a transaction. Never edit a shipped one.
+ * Both stores run them (postgres.ts too), so they are written in SQL that SQLite and PostgreSQL
+ * both accept: TEXT columns, plain constraints and indexes, no SQLite- or PostgreSQL-only syntax.
+ */
 export const MIGRATIONS: ReadonlyArray<{ version: number; name: string; sql: string }> = [
   {
     version: 1,
@@ -69,91 +76,6 @@ export const MIGRATIONS: ReadonlyArray<{ version: number; name: string; sql: str
   },
 ];
 
-interface VersionRow {
-  version_id: string;
-  function_id: string;
-  name: string;
-  nca_id: string;
-  spec: string;
-  created_at: string;
-}
-interface DeploymentRow {
-  deployment_id: string;
-  function_id: string;
-  version_id: string;
-  specs: string;
-  created_at: string;
-  updated_at: string;
-}
-interface InstanceRow {
-  instance_id: string;
-  deployment_id: string;
-  function_id: string;
-  version_id: string;
-  status: InstanceRecord["status"];
-  instance_type: string;
-  gpu: string;
-  backend: string;
-  location: string;
-  message: string | null;
-  created_at: string;
-  updated_at: string;
-}
-interface KeyRow {
-  key_id: string;
-  hash: string;
-  description: string;
-  owner_id: string;
-  scopes: string;
-  expires_at: string;
-  created_at: string;
-  revoked_at: string | null;
-}
-
-const versionFromRow = (r: VersionRow): FunctionVersionRecord => ({
-  functionId: r.function_id,
-  versionId: r.version_id,
-  name: r.name,
-  ncaId: r.nca_id,
-  spec: JSON.parse(r.spec) as FunctionSpec,
-  createdAt: r.created_at,
-});
-const deploymentFromRow = (r: DeploymentRow): DeploymentRecord => ({
-  deploymentId: r.deployment_id,
-  functionId: r.function_id,
-  versionId: r.version_id,
-  specs: JSON.parse(r.specs) as DeploymentSpecification[],
-  createdAt: r.created_at,
-  updatedAt: r.updated_at,
-});
-const instanceFromRow = (r: InstanceRow): InstanceRecord => ({
-  instanceId: r.instance_id,
-  deploymentId: r.deployment_id,
-  functionId: r.function_id,
-  versionId: r.version_id,
-  status: r.status,
-  instanceType: r.instance_type,
-  gpu: r.gpu,
-  backend: r.backend,
-  location: r.location,
-  message: r.message ?? undefined,
-  createdAt: r.created_at,
-  updatedAt: r.updated_at,
-});
-const keyFromRow = (r: KeyRow): ApiKeyRecord => ({
-  keyId: r.key_id,
-  hash: r.hash,
-  description: r.description,
-  ownerId: r.owner_id,
-  scopes: JSON.parse(r.scopes) as string[],
-  expiresAt: r.expires_at,
-  createdAt: r.created_at,
-  revokedAt: r.revoked_at ?? undefined,
-});
-
-const VERSION_SELECT = `SELECT v.version_id, v.function_id, f.name, f.nca_id, v.spec, v.created_at
-  FROM function_versions v JOIN functions f ON f.function_id = v.function_id`;
-
 export function migrate(db: Database.Database): number {
   db.exec(
     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
@@ -197,10 +119,15 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
   const store: Store & { db: Database.Database } = {
     db,
     async createFunction(v) {
-      db.transaction(() => {
-        insertFunction.run(v.functionId, v.name, v.ncaId, v.createdAt);
-        insertVersion.run(v.versionId, v.functionId, JSON.stringify(v.spec), v.createdAt);
-      })();
+      try {
+        db.transaction(() => {
+          insertFunction.run(v.functionId, v.name, v.ncaId, v.createdAt);
+          insertVersion.run(v.versionId, v.functionId, JSON.stringify(v.spec), v.createdAt);
+        })();
+      } catch (err) {
+        if (/UNIQUE constraint failed: functions\.name/.test(String(err))) throw new NameTakenError(v.name);
+        throw err;
+      }
     },
     async createVersion(v) {
       insertVersion.run(v.versionId, v.functionId, JSON.stringify(v.spec), v.createdAt);

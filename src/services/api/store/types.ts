@@ -119,3 +119,11 @@ export interface Store {
 
   close(): Promise<void>;
 }
+
+/** createFunction: another function already has this name (a unique key of the store). */
+export class NameTakenError extends Error {
+  constructor(readonly functionName: string) {
+    super(`a function named "${functionName}" exists`);
+    this.name = "NameTakenError";
+  }
+}

@@ -1,0 +1,300 @@
+// The control plane's store on PostgreSQL, for API replicas that share one database. Same schema
+// and migrations as the SQLite store (MIGRATIONS is written in SQL both accept); every multi-row
+// write is one transaction, and writes that several replicas may race on are single statements
+// that the database decides (INSERT ... ON CONFLICT), never a read followed by a write.
+import pg from "pg";
+import {
+  VERSION_SELECT,
+  deploymentFromRow,
+  instanceFromRow,
+  keyFromRow,
+  versionFromRow,
+  type DeploymentRow,
+  type InstanceRow,
+  type KeyRow,
+  type VersionRow,
+} from "./rows.js";
+import { MIGRATIONS } from "./sqlite.js";
+import { NameTakenError, type Store } from "./types.js";
+
+/** One advisory lock key for migrations, so that replicas starting together apply each once. */
+const MIGRATION_LOCK = 0x63706c6e; // "cpln"
+const UNIQUE_VIOLATION = "23505";
+
+type Query = (sql: string, params?: unknown[]) => Promise<pg.QueryResult>;
+
+/** `?` placeholders (the SQLite form the queries share) to PostgreSQL's `$n`. */
+function numbered(sql: string): string {
+  let n = 0;
+  return sql.replace(/\?/g, () => `$${++n}`);
+}
+
+export async function migratePostgres(pool: pg.Pool): Promise<number> {
+  const c = await pool.connect();
+  try {
+    await c.query("SELECT pg_advisory_lock($1)", [MIGRATION_LOCK]);
+    await c.query(
+      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
+    );
+    const applied = new Set(
+      (await c.query<{ version: number }>("SELECT version FROM schema_migrations")).rows.map(
+        (r) => r.version,
+      ),
+    );
+    let n = 0;
+    for (const m of MIGRATIONS) {
+      if (applied.has(m.version)) continue;
+      await c.query("BEGIN");
+      try {
+        await c.query(m.sql);
+        await c.query("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)", [
+          m.version,
+          m.name,
+          new Date().toISOString(),
+        ]);
+        await c.query("COMMIT");
+      } catch (err) {
+        await c.query("ROLLBACK");
+        throw err;
+      }
+      n++;
+    }
+    return n;
+  } finally {
+    await c.query("SELECT pg_advisory_unlock($1)", [MIGRATION_LOCK]).catch(() => undefined);
+    c.release();
+  }
+}
+
+export interface PostgresStoreOptions {
+  /** postgres://user:password@host:port/database */
+  url: string;
+  /** Connections this replica keeps at most. */
+  maxConnections?: number;
+}
+
+export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Store & { pool: pg.Pool }> {
+  const pool = new pg.Pool({
+    connectionString: opts.url,
+    max: opts.maxConnections ?? 10,
+    // a database that does not answer fails the request instead of holding it
+    connectionTimeoutMillis: 5000,
+    idleTimeoutMillis: 30_000,
+  });
+  // an idle client that loses its connection emits on the pool; without a listener it would crash
+  pool.on("error", () => undefined);
+  try {
+    await migratePostgres(pool);
+  } catch (err) {
+    await pool.end().catch(() => undefined);
+    const u = new URL(opts.url);
+    throw new Error(
+      `cannot open the PostgreSQL database ${u.pathname.slice(1) || "(default)"} at ${u.host} (api.database.url): ${(err as Error).message}; check that the server is up and the URL, user and password are right`,
+      { cause: err },
+    );
+  }
+  const q: Query = (sql, params = []) => pool.query(numbered(sql), params);
+  /** Runs `fn` in one transaction on one connection; any error rolls it back. */
+  async function tx<T>(fn: (q: Query) => Promise<T>): Promise<T> {
+    const c = await pool.connect();
+    try {
+      await c.query("BEGIN");
+      const out = await fn((sql, params = []) => c.query(numbered(sql), params));
+      await c.query("COMMIT");
+      return out;
+    } catch (err) {
+      await c.query("ROLLBACK").catch(() => undefined);
+      throw err;
+    } finally {
+      c.release();
+    }
+  }
+  const rows = async <R>(sql: string, params: unknown[] = []) => (await q(sql, params)).rows as R[];
+  const one = async <R>(sql: string, params: unknown[] = []) => (await rows<R>(sql, params))[0];
+  const insertVersion =
+    "INSERT INTO function_versions (version_id, function_id, spec, created_at) VALUES (?, ?, ?, ?)";
+
+  return {
+    pool,
+    async createFunction(v) {
+      try {
+        await tx(async (t) => {
+          await t("INSERT INTO functions (function_id, name, nca_id, created_at) VALUES (?, ?, ?, ?)", [
+            v.functionId,
+            v.name,
+            v.ncaId,
+            v.createdAt,
+          ]);
+          await t(insertVersion, [v.versionId, v.functionId, JSON.stringify(v.spec), v.createdAt]);
+        });
+      } catch (err) {
+        const e = err as { code?: string; constraint?: string };
+        if (e.code === UNIQUE_VIOLATION && e.constraint === "functions_name_key")
+          throw new NameTakenError(v.name);
+        throw err;
+      }
+    },
+    async createVersion(v) {
+      await q(insertVersion, [v.versionId, v.functionId, JSON.stringify(v.spec), v.createdAt]);
+    },
+    async updateVersion(functionId, versionId, spec) {
+      const r = await q("UPDATE function_versions SET spec = ? WHERE function_id = ? AND version_id = ?", [
+        JSON.stringify(spec),
+        functionId,
+        versionId,
+      ]);
+      return r.rowCount === 1;
+    },
+    async deleteVersion(functionId, versionId) {
+      return tx(async (t): Promise<"deleted" | "not-found" | "deployed"> => {
+        // the function's row is locked first, so two replicas deleting its last two versions at
+        // once cannot both leave it without versions and both keep it
+        await t("SELECT 1 FROM functions WHERE function_id = ? FOR UPDATE", [functionId]);
+        const exists = await t(
+          "SELECT 1 FROM function_versions WHERE function_id = ? AND version_id = ? FOR UPDATE",
+          [functionId, versionId],
+        );
+        if (exists.rowCount === 0) return "not-found";
+        if ((await t("SELECT 1 FROM deployments WHERE version_id = ?", [versionId])).rowCount)
+          return "deployed";
+        await t("DELETE FROM instances WHERE version_id = ?", [versionId]);
+        await t("DELETE FROM function_versions WHERE version_id = ?", [versionId]);
+        const left = await t("SELECT COUNT(*)::int AS n FROM function_versions WHERE function_id = ?", [
+          functionId,
+        ]);
+        if ((left.rows[0] as { n: number }).n === 0)
+          await t("DELETE FROM functions WHERE function_id = ?", [functionId]);
+        return "deleted";
+      });
+    },
+    async getFunctionByName(name) {
+      const r = await one<{ function_id: string }>("SELECT function_id FROM functions WHERE name = ?", [
+        name,
+      ]);
+      return r && { functionId: r.function_id };
+    },
+    async functionExists(functionId) {
+      return (await q("SELECT 1 FROM functions WHERE function_id = ?", [functionId])).rowCount === 1;
+    },
+    async getVersion(functionId, versionId) {
+      const r = await one<VersionRow>(`${VERSION_SELECT} WHERE v.function_id = ? AND v.version_id = ?`, [
+        functionId,
+        versionId,
+      ]);
+      return r && versionFromRow(r);
+    },
+    async listVersions(functionId) {
+      const list =
+        functionId === undefined
+          ? await rows<VersionRow>(`${VERSION_SELECT} ORDER BY f.name, v.created_at`)
+          : await rows<VersionRow>(`${VERSION_SELECT} WHERE v.function_id = ? ORDER BY v.created_at`, [
+              functionId,
+            ]);
+      return list.map(versionFromRow);
+    },
+    async createDeployment(d) {
+      const r = await q(
+        "INSERT INTO deployments (deployment_id, function_id, version_id, specs, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (version_id) DO NOTHING",
+        [d.deploymentId, d.functionId, d.versionId, JSON.stringify(d.specs), d.createdAt, d.updatedAt],
+      );
+      return r.rowCount === 1 ? "created" : "exists";
+    },
+    async updateDeployment(functionId, versionId, specs, updatedAt) {
+      const r = await q(
+        "UPDATE deployments SET specs = ?, updated_at = ? WHERE function_id = ? AND version_id = ?",
+        [JSON.stringify(specs), updatedAt, functionId, versionId],
+      );
+      return r.rowCount === 1;
+    },
+    async deleteDeployment(functionId, versionId) {
+      return tx(async (t) => {
+        const r = await t("DELETE FROM deployments WHERE function_id = ? AND version_id = ?", [
+          functionId,
+          versionId,
+        ]);
+        // instances of an undeployed version would otherwise count towards its next deployment
+        if (r.rowCount === 1) await t("DELETE FROM instances WHERE version_id = ?", [versionId]);
+        return r.rowCount === 1;
+      });
+    },
+    async getDeployment(functionId, versionId) {
+      const r = await one<DeploymentRow>(
+        "SELECT * FROM deployments WHERE function_id = ? AND version_id = ?",
+        [functionId, versionId],
+      );
+      return r && deploymentFromRow(r);
+    },
+    async getDeploymentById(deploymentId) {
+      const r = await one<DeploymentRow>("SELECT * FROM deployments WHERE deployment_id = ?", [deploymentId]);
+      return r && deploymentFromRow(r);
+    },
+    async listDeployments() {
+      return (await rows<DeploymentRow>("SELECT * FROM deployments ORDER BY created_at")).map(
+        deploymentFromRow,
+      );
+    },
+    async reportInstances(reporter, instances) {
+      await tx(async (t) => {
+        await t("DELETE FROM instances WHERE reporter = ?", [reporter]);
+        for (const i of instances) {
+          await t(
+            `INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, updated_at = excluded.updated_at`,
+            [
+              i.instanceId,
+              reporter,
+              i.deploymentId,
+              i.functionId,
+              i.versionId,
+              i.status,
+              i.instanceType,
+              i.gpu,
+              i.backend,
+              i.location,
+              i.message ?? null,
+              i.createdAt,
+              i.updatedAt,
+            ],
+          );
+        }
+      });
+    },
+    async listInstances(versionId) {
+      const list =
+        versionId === undefined
+          ? await rows<InstanceRow>("SELECT * FROM instances ORDER BY created_at")
+          : await rows<InstanceRow>("SELECT * FROM instances WHERE version_id = ? ORDER BY created_at", [
+              versionId,
+            ]);
+      return list.map(instanceFromRow);
+    },
+    async createApiKey(k) {
+      await q(
+        "INSERT INTO api_keys (key_id, hash, description, owner_id, scopes, expires_at, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+        [k.keyId, k.hash, k.description, k.ownerId, JSON.stringify(k.scopes), k.expiresAt, k.createdAt],
+      );
+    },
+    async getApiKeyByHash(hash) {
+      const r = await one<KeyRow>("SELECT * FROM api_keys WHERE hash = ?", [hash]);
+      return r && keyFromRow(r);
+    },
+    async getApiKey(keyId) {
+      const r = await one<KeyRow>("SELECT * FROM api_keys WHERE key_id = ?", [keyId]);
+      return r && keyFromRow(r);
+    },
+    async listApiKeys() {
+      return (await rows<KeyRow>("SELECT * FROM api_keys ORDER BY created_at")).map(keyFromRow);
+    },
+    async revokeApiKey(keyId, at) {
+      const r = await q("UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL", [
+        at,
+        keyId,
+      ]);
+      return r.rowCount === 1;
+    },
+    async close() {
+      await pool.end();
+    },
+  };
+}

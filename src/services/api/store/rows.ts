@@ -1,0 +1,95 @@
+// Rows as both stores read them, and the records they become: the SQL schema is the same on
+// SQLite and PostgreSQL (MIGRATIONS in sqlite.ts), so the mapping is too.
+import type {
+  ApiKeyRecord,
+  DeploymentRecord,
+  DeploymentSpecification,
+  FunctionSpec,
+  FunctionVersionRecord,
+  InstanceRecord,
+} from "./types.js";
+
+export interface VersionRow {
+  version_id: string;
+  function_id: string;
+  name: string;
+  nca_id: string;
+  spec: string;
+  created_at: string;
+}
+export interface DeploymentRow {
+  deployment_id: string;
+  function_id: string;
+  version_id: string;
+  specs: string;
+  created_at: string;
+  updated_at: string;
+}
+export interface InstanceRow {
+  instance_id: string;
+  deployment_id: string;
+  function_id: string;
+  version_id: string;
+  status: InstanceRecord["status"];
+  instance_type: string;
+  gpu: string;
+  backend: string;
+  location: string;
+  message: string | null;
+  created_at: string;
+  updated_at: string;
+}
+export interface KeyRow {
+  key_id: string;
+  hash: string;
+  description: string;
+  owner_id: string;
+  scopes: string;
+  expires_at: string;
+  created_at: string;
+  revoked_at: string | null;
+}
+
+export const versionFromRow = (r: VersionRow): FunctionVersionRecord => ({
+  functionId: r.function_id,
+  versionId: r.version_id,
+  name: r.name,
+  ncaId: r.nca_id,
+  spec: JSON.parse(r.spec) as FunctionSpec,
+  createdAt: r.created_at,
+});
+export const deploymentFromRow = (r: DeploymentRow): DeploymentRecord => ({
+  deploymentId: r.deployment_id,
+  functionId: r.function_id,
+  versionId: r.version_id,
+  specs: JSON.parse(r.specs) as DeploymentSpecification[],
+  createdAt: r.created_at,
+  updatedAt: r.updated_at,
+});
+export const instanceFromRow = (r: InstanceRow): InstanceRecord => ({
+  instanceId: r.instance_id,
+  deploymentId: r.deployment_id,
+  functionId: r.function_id,
+  versionId: r.version_id,
+  status: r.status,
+  instanceType: r.instance_type,
+  gpu: r.gpu,
+  backend: r.backend,
+  location: r.location,
+  message: r.message ?? undefined,
+  createdAt: r.created_at,
+  updatedAt: r.updated_at,
+});
+export const keyFromRow = (r: KeyRow): ApiKeyRecord => ({
+  keyId: r.key_id,
+  hash: r.hash,
+  description: r.description,
+  ownerId: r.owner_id,
+  scopes: JSON.parse(r.scopes) as string[],
+  expiresAt: r.expires_at,
+  createdAt: r.created_at,
+  revokedAt: r.revoked_at ?? undefined,
+});
+
+export const VERSION_SELECT = `SELECT v.version_id, v.function_id, f.name, f.nca_id, v.spec, v.created_at
+  FROM function_versions v JOIN functions f ON f.function_id = v.function_id`;
