@@ -294,7 +294,15 @@ export interface HttpService {
   readonly server: Server;
   readonly draining: boolean;
   listen(): Promise<URL>;
-  close(graceMs?: number): Promise<void>;
+  /**
+   * Drains the way load balancers and Kubernetes expect. At once: /health answers 503 "draining"
+   * (readiness fails first), idle keep-alive connections close, and every response asks for
+   * `Connection: close`, so clients move to other replicas. For `delayMs` requests are still served
+   * (the balancer has not noticed yet); after it, new requests get 503 SHUTTING_DOWN, except on
+   * routes marked duringDrain. It keeps listening until the work in flight has finished, or for
+   * `graceMs`, then closes every connection.
+   */
+  close(graceMs?: number, delayMs?: number): Promise<void>;
   destroy(): void;
 }
 
@@ -314,6 +322,8 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     registers: [registry],
   });
   let draining = false;
+  // after the drain delay: new requests are refused
+  let refusing = false;
   let inFlight = 0;
   let idleWaiters: Array<() => void> = [];
   const sockets = new Set<Socket>();
@@ -338,6 +348,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       }
     });
     const log = logger;
+    if (draining) res.shouldKeepAlive = false;
     if (req.headers.host === undefined && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) {
       // (Node's own check would answer a bare 400 with no body)
       sendProblem(res, new CallplaneError("BAD_REQUEST", "an HTTP/1.1 request needs a Host header"), log, {
@@ -410,7 +421,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       return;
     }
     routeLabel = m.route.pattern;
-    if (draining && !m.route.duringDrain) {
+    if (refusing && !m.route.duringDrain) {
       sendProblem(
         res,
         new CallplaneError("SHUTTING_DOWN", `${opts.name} is shutting down; retry on another replica`),
@@ -485,13 +496,21 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
         });
       });
     },
-    async close(graceMs = 10_000) {
+    async close(graceMs = 10_000, delayMs = 0) {
       if (draining) return;
       draining = true;
+      // Responses not yet begun ask for Connection: close too; idle keep-alive connections would
+      // otherwise hold clients (and this process) until their timeout.
+      for (const s of sockets) {
+        const current = (s as Socket & { _httpMessage?: ServerResponse })._httpMessage;
+        if (current && !current.headersSent) current.shouldKeepAlive = false;
+      }
+      server.closeIdleConnections();
+      if (delayMs > 0) await new Promise((r) => setTimeout(r, delayMs));
+      refusing = true;
       // Keep listening while draining: work in flight may still need new connections (a worker's
       // callback for a request this replica holds), and late clients get a clear 503 with
       // Connection: close instead of a refused connection. The listener closes once the work is done.
-      // Idle keep-alive connections would otherwise hold the process open until their timeout.
       server.closeIdleConnections();
       if (inFlight > 0) {
         await new Promise<void>((resolve) => {
@@ -508,6 +527,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     },
     destroy() {
       draining = true;
+      refusing = true;
       server.close();
       for (const s of sockets) s.destroy();
     },
