@@ -108,13 +108,16 @@ function printStatus(st: KeyStatus): void {
 async function follow(api: Api, intervalMs: number, first: KeyStatus): Promise<KeyStatus> {
   let st = first;
   let last = "";
+  let lingering = 0;
   for (;;) {
     const line = st.rotation ? describe(st.rotation) : "no rotation";
     if (line !== last) {
       note(`[${new Date().toISOString().slice(11, 19)}] ${line}`);
       last = line;
     }
-    if (!open(st.rotation)) return st;
+    // retired, the old key is removed from the provider just after: give that a few looks
+    const removing = st.rotation?.phase === "done" && st.provider.canDestroyKeys && !st.rotation.keyDestroyed;
+    if (!open(st.rotation) && !(removing && lingering++ < 5)) return st;
     await new Promise((r) => setTimeout(r, intervalMs));
     st = await api.call<KeyStatus>("GET", "/v1/admin/secrets/keys");
   }

@@ -100,6 +100,7 @@ export interface SecretStorage {
     now: number,
   ): Promise<boolean>;
   secrets(versionId: string): Promise<SecretRow[]>;
+  secret(versionId: string, name: string): Promise<SecretRow | undefined>;
   secretsUnderNek(nekId: string, limit: number, skip: ReadonlySet<string>): Promise<SecretRow[]>;
   countSecretsUnderNek(nekId: string): Promise<number>;
   deleteSecret(versionId: string, name: string): Promise<boolean>;
@@ -300,6 +301,18 @@ export function openSqliteSecretStorage(db: Database.Database): SecretStorage {
   const countUnderNek = db.prepare("SELECT COUNT(*) AS n FROM secret_values WHERE nek_id = ?");
   const mekState = db.prepare("SELECT state FROM secret_meks WHERE kid = ?");
   const getRotation = db.prepare("SELECT * FROM secret_mek_rotations WHERE rotation_id = ?");
+  // the statements of the hot paths (every encrypt and decrypt), prepared once
+  const getNek = db.prepare("SELECT * FROM secret_neks WHERE nek_id = ?");
+  const getActiveNek = db.prepare("SELECT * FROM secret_neks WHERE namespace = ? AND state = 'active'");
+  const getSecret = db.prepare("SELECT * FROM secret_values WHERE version_id = ? AND name = ?");
+  const upsertSecret = db.prepare(
+    `INSERT INTO secret_values (version_id, name, function_id, nek_id, ciphertext, created_ms, updated_ms)
+     VALUES (@versionId, @name, @functionId, @nekId, @ciphertext, @createdMs, @updatedMs)
+     ON CONFLICT(version_id, name) DO UPDATE SET nek_id = excluded.nek_id, ciphertext = excluded.ciphertext, updated_ms = excluded.updated_ms`,
+  );
+  const countEncryptions = db.prepare(
+    "UPDATE secret_neks SET encryptions = encryptions + ? WHERE nek_id = ?",
+  );
 
   return {
     async meks() {
@@ -427,13 +440,11 @@ export function openSqliteSecretStorage(db: Database.Database): SecretStorage {
     },
 
     async activeNek(namespace) {
-      const r = db
-        .prepare("SELECT * FROM secret_neks WHERE namespace = ? AND state = 'active'")
-        .get(namespace) as NekDbRow | undefined;
+      const r = getActiveNek.get(namespace) as NekDbRow | undefined;
       return r && nek(r);
     },
     async nek(nekId) {
-      const r = db.prepare("SELECT * FROM secret_neks WHERE nek_id = ?").get(nekId) as NekDbRow | undefined;
+      const r = getNek.get(nekId) as NekDbRow | undefined;
       return r && nek(r);
     },
     async insertNek(n, retireActive) {
@@ -520,12 +531,8 @@ export function openSqliteSecretStorage(db: Database.Database): SecretStorage {
 
     async putSecrets(rows) {
       if (rows.length === 0) return "stored";
-      const upsert = db.prepare(
-        `INSERT INTO secret_values (version_id, name, function_id, nek_id, ciphertext, created_ms, updated_ms)
-         VALUES (@versionId, @name, @functionId, @nekId, @ciphertext, @createdMs, @updatedMs)
-         ON CONFLICT(version_id, name) DO UPDATE SET nek_id = excluded.nek_id, ciphertext = excluded.ciphertext, updated_ms = excluded.updated_ms`,
-      );
-      const count = db.prepare("UPDATE secret_neks SET encryptions = encryptions + ? WHERE nek_id = ?");
+      const upsert = upsertSecret;
+      const count = countEncryptions;
       return db
         .transaction((): "stored" | "nek-gone" => {
           const perNek = new Map<string, number>();
@@ -557,6 +564,10 @@ export function openSqliteSecretStorage(db: Database.Database): SecretStorage {
           .prepare("SELECT * FROM secret_values WHERE version_id = ? ORDER BY name")
           .all(versionId) as SecretDbRow[]
       ).map(secret);
+    },
+    async secret(versionId, name) {
+      const r = getSecret.get(versionId, name) as SecretDbRow | undefined;
+      return r && secret(r);
     },
     async secretsUnderNek(nekId, limit, skip) {
       const x = notIn("version_id || '/' || name", skip);

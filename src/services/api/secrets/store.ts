@@ -339,13 +339,22 @@ export function createSecretStore(opts: SecretStoreOptions) {
     }
     if (env.header.nekId !== row.nekId)
       throw unreadable(`${where} is corrupt: its header names NEK ${env.header.nekId}, its row ${row.nekId}`);
-    const nek = await storage.nek(env.header.nekId);
-    if (!nek) throw unreadable(`${where} names the NEK ${env.header.nekId}, which this store does not have`);
-    if (nek.namespace !== ns)
-      throw unreadable(
-        `${where} was encrypted for another namespace (${nek.namespace}), not ${ns}: it was moved`,
-      );
-    const key = await nekKey(nek);
+    const moved = (other: string) =>
+      unreadable(`${where} was encrypted for another namespace (${other}), not ${ns}: it was moved`);
+    // a fresh cache entry knows its namespace: no need to read the NEK's row
+    const hit = cache.lookup(env.header.nekId);
+    let key: Buffer;
+    if (hit.state === "fresh") {
+      if (hit.namespace !== ns) throw moved(hit.namespace);
+      cacheLookups.inc({ result: "hit" });
+      key = hit.key;
+    } else {
+      const nek = await storage.nek(env.header.nekId);
+      if (!nek)
+        throw unreadable(`${where} names the NEK ${env.header.nekId}, which this store does not have`);
+      if (nek.namespace !== ns) throw moved(nek.namespace);
+      key = await nekKey(nek);
+    }
     try {
       return parseValue(
         openSecret(env, key, { namespace: ns, versionId: row.versionId, name: row.name }),
@@ -816,7 +825,7 @@ export function createSecretStore(opts: SecretStoreOptions) {
 
     /** One secret's value (tests, benchmarks); throws SECRET_NOT_FOUND or SECRET_UNREADABLE. */
     async value(ref: VersionRef, name: string): Promise<SecretValue> {
-      const row = (await storage.secrets(ref.versionId)).find((r) => r.name === name);
+      const row = await storage.secret(ref.versionId, name);
       if (!row)
         throw new CallplaneError("SECRET_NOT_FOUND", `version ${ref.versionId} has no secret ${name}`);
       return decryptCounted(row);
