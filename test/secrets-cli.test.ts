@@ -34,9 +34,11 @@ function cli(t: TestContext, env: NodeJS.ProcessEnv) {
   };
 }
 
+/** A port nothing listens on, on an address of its own: other test files' servers on 127.0.0.1 may take a freed port there. */
+const CLOSED_HOST = "127.0.73.1";
 async function closedPort(): Promise<number> {
   const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
+  await new Promise<void>((r) => s.listen(0, CLOSED_HOST, r));
   const { port } = s.address() as AddressInfo;
   await new Promise((r) => s.close(r));
   return port;
@@ -213,7 +215,7 @@ test("secrets rotate-mek follows a rotation to the end; status, rotate-nek, mek-
 test("init against a disabled issuer says so and how to supply a token; status shows the issuer disabled", async (t) => {
   const api = await startApi(t, { issuer: false });
   const port = await closedPort();
-  const c = cli(t, { CALLPLANE_API_URL: api.url, CALLPLANE_ISSUER_URL: `http://127.0.0.1:${port}` });
+  const c = cli(t, { CALLPLANE_API_URL: api.url, CALLPLANE_ISSUER_URL: `http://${CLOSED_HOST}:${port}` });
   const init = await c.run(["init"]);
   assert.equal(init.code, 1);
   assert.match(
@@ -235,7 +237,7 @@ test("init against a disabled issuer says so and how to supply a token; status s
 
   // an enabled issuer's status says so
   const on = await startApi(t);
-  const c2 = cli(t, { CALLPLANE_API_URL: on.url, CALLPLANE_ISSUER_URL: `http://127.0.0.1:${port}` });
+  const c2 = cli(t, { CALLPLANE_API_URL: on.url, CALLPLANE_ISSUER_URL: `http://${CLOSED_HOST}:${port}` });
   assert.match(
     (await c2.run(["status"])).stdout,
     /admin issuer: +enabled \(its tokens are accepted; public route on\)/,

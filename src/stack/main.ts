@@ -186,7 +186,11 @@ async function main(): Promise<void> {
   );
   console.log("  or with the CLI (it reads .callplane/stack.json):");
   console.log(`    bin/callplane invoke ${demo.httpFunctionName} --data '{"hello":"world"}'`);
-  console.log("  manage functions:  bin/callplane init && bin/callplane function list");
+  console.log(
+    config.adminIssuerProxy.enabled
+      ? "  manage functions:  bin/callplane init && bin/callplane function list"
+      : "  manage functions:  bin/callplane admin token --save && bin/callplane function list   (the admin issuer is off)",
+  );
   console.log("  stop the stack:    Ctrl-C");
 }
 

@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib/auth.js";
 import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
 import { ensureKeyringFile } from "../lib/secrets/mek.js";
+import { secretsRoot } from "../lib/secrets/paths.js";
 import type { Config } from "../lib/config.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
 import { parseHostPort, type HostPort } from "../lib/net.js";
@@ -296,7 +297,21 @@ export class LocalStack {
     const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();
     await Promise.all(rest.map((c) => c.stop(graceMs)));
     await Promise.all(nats.map((c) => c.stop(5000)));
+    this.removeInstanceSecrets();
     rmSync(this.pidFile, { force: true });
+  }
+
+  /**
+   * Function instances' secrets files (in memory, outside the data folder): the compute agent
+   * removes each with its instance; when the stack is stopped at once, it cannot, so the stack does.
+   */
+  private removeInstanceSecrets(): void {
+    try {
+      const { config } = this.opts;
+      rmSync(secretsRoot(this.dataDir, config.compute.secrets.dir), { recursive: true, force: true });
+    } catch {
+      // the next compute agent start removes what is left
+    }
   }
 
   killAll(): void {
@@ -314,5 +329,6 @@ export class LocalStack {
         // already gone
       }
     }
+    this.removeInstanceSecrets();
   }
 }

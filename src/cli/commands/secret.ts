@@ -214,10 +214,16 @@ compute sync (compute.syncIntervalSeconds), new instances at start.`,
       const api = new Api(s);
       const fn = await resolveFunction(api, ref);
       const v = pickVersion(fn, opts.version, "secret delete");
-      await api.call(
-        "DELETE",
-        `/v2/nvcf/secrets/functions/${v.id}/versions/${v.versionId}/${encodeURIComponent(name)}`,
-      );
+      try {
+        await api.call(
+          "DELETE",
+          `/v2/nvcf/secrets/functions/${v.id}/versions/${v.versionId}/${encodeURIComponent(name)}`,
+        );
+      } catch (err) {
+        if (err instanceof CliError && err.code === "SECRET_NOT_FOUND")
+          throw err.withHint(`\`callplane secret list ${fn.name}\` lists its secrets`);
+        throw err;
+      }
       if (s.json) return printJson({ functionId: v.id, versionId: v.versionId, name, deleted: true });
       console.log(`deleted secret ${name} of ${fn.name} (version ${v.versionId})`);
     });

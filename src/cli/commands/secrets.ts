@@ -108,12 +108,16 @@ function printStatus(st: KeyStatus): void {
 async function follow(api: Api, intervalMs: number, first: KeyStatus): Promise<KeyStatus> {
   let st = first;
   let last = "";
+  let printed = 0;
   let lingering = 0;
   for (;;) {
     const line = st.rotation ? describe(st.rotation) : "no rotation";
-    if (line !== last) {
+    // a new line when something other than a countdown changed, and at least every 15 s
+    const shape = line.replace(/\d+/g, "#");
+    if (shape !== last || Date.now() - printed >= 15_000) {
       note(`[${new Date().toISOString().slice(11, 19)}] ${line}`);
-      last = line;
+      last = shape;
+      printed = Date.now();
     }
     // retired, the old key is removed from the provider just after: give that a few looks
     const removing = st.rotation?.phase === "done" && st.provider.canDestroyKeys && !st.rotation.keyDestroyed;

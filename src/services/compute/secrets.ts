@@ -8,19 +8,10 @@
 // are also set in its environment. The file is rewritten (atomically: a reader sees the old or
 // the new one) when a secret of the version changes; environment variables keep the values the
 // process started with. The folder is removed when the instance stops.
-import { createHash } from "node:crypto";
-import {
-  chmodSync,
-  existsSync,
-  lstatSync,
-  mkdirSync,
-  readdirSync,
-  renameSync,
-  rmSync,
-  writeFileSync,
-} from "node:fs";
-import { tmpdir } from "node:os";
+import { chmodSync, lstatSync, mkdirSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
+
+export { secretsRoot } from "../../lib/secrets/paths.js";
 
 export interface FetchedSecrets {
   revision: number;
@@ -35,19 +26,6 @@ export interface InstanceSecretsConfig {
   env: boolean;
   /** Reads a version's secret values from the API (the compute agent's service token). */
   fetch(functionId: string, versionId: string): Promise<FetchedSecrets>;
-}
-
-/**
- * The folder this agent keeps instance secrets under: `<dir>/<stack>`, where `dir` is
- * compute.secrets.dir or, when that is empty, a tmpfs folder per user (/dev/shm/callplane-<uid>,
- * else the system's temporary folder), and `<stack>` is derived from the data folder so that two
- * stacks never share one. Only this subfolder is ever cleaned.
- */
-export function secretsRoot(dataDir: string, dir = ""): string {
-  const user = typeof process.getuid === "function" ? String(process.getuid()) : "user";
-  const base = dir || join(existsSync("/dev/shm") ? "/dev/shm" : tmpdir(), `callplane-${user}`);
-  const stack = createHash("sha256").update(dataDir).digest("hex").slice(0, 12);
-  return join(base, `stack-${stack}`);
 }
 
 /**
