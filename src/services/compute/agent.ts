@@ -1,6 +1,7 @@
 // The compute agent: reads the desired deployments from the control plane, keeps that many
 // instances of each running (here, with the local backend), and reports their status back so that
 // `callplane deploy get` shows them. It calls the API with its own service credential.
+import { rmSync } from "node:fs";
 import { request } from "undici";
 import { Router, createHttpService } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
@@ -72,6 +73,16 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
         },
       }
     : opts.instanceEnv;
+
+  /** The agent's own secrets folder (stack-<hash>) goes with it; each instance removed its own. */
+  const removeSecretsRoot = () => {
+    if (!opts.secrets) return;
+    try {
+      rmSync(opts.secrets.root, { recursive: true, force: true });
+    } catch {
+      // removed at the next start
+    }
+  };
 
   // Instances being stopped still hold their address until their processes exit.
   const stopping = new Set<LocalInstance>();
@@ -217,6 +228,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       instances.clear();
       await Promise.all(all.map((i) => i.stop()));
       terminated.push(...all);
+      removeSecretsRoot();
       await report().catch(() => undefined);
       await http.close(graceMs);
     },
@@ -225,6 +237,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       if (timer) clearTimeout(timer);
       // instances still draining after a scale-down are killed too, not left to their grace timer
       for (const i of [...[...instances.values()].flat(), ...stopping]) i.killNow();
+      removeSecretsRoot();
       http.destroy();
     },
   };
