@@ -5,7 +5,7 @@
 // process (full, aborted, rolled back). Two API processes through a rotation are in
 // test/secrets-rotation.test.ts; delivery to inference servers in test/secrets-delivery.test.ts.
 import assert from "node:assert/strict";
-import { randomBytes } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -511,6 +511,11 @@ test("1,000 concurrent encryptions: 1,000 distinct IVs, all readable, all counte
   }>;
   assert.equal(neks.length, 1, "one NEK for the function, even when created under concurrency");
   assert.equal(neks[0].encryptions, 1000, "each encryption counted");
+  // names of many versions at once (a function listing): past 500 ids, read another way
+  const many = [...versions, ...Array.from({ length: 600 }, () => randomUUID())];
+  const names = await api.secrets.names(many);
+  assert.deepEqual([...names.keys()].sort(), [...versions].sort());
+  assert.ok([...names.values()].every((n) => n.length === 250));
   for (const vid of versions) {
     const got = await internalValues(api, f.fid, vid);
     assert.equal(Object.keys(got.body.values).length, 250);

@@ -612,9 +612,19 @@ export function openSqliteSecretStorage(db: Database.Database): SecretStorage {
       }).immediate();
     },
     async names(versionIds) {
+      // a long list (every version, for a function listing) would pass SQLite's limit on bound
+      // parameters: then read every name and keep the ones asked for
+      const all = versionIds === undefined || versionIds.length > 500;
+      const wanted = versionIds && all ? new Set(versionIds) : undefined;
       const rows = (
-        versionIds === undefined
-          ? db.prepare("SELECT version_id, name FROM secret_values ORDER BY version_id, name").all()
+        all
+          ? (
+              db
+                .prepare("SELECT version_id, name FROM secret_values ORDER BY version_id, name")
+                .all() as Array<{
+                version_id: string;
+              }>
+            ).filter((r) => !wanted || wanted.has(r.version_id))
           : versionIds.length === 0
             ? []
             : db
