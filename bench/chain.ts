@@ -8,6 +8,7 @@ import type { ChildProcess } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from "../src/lib/auth.js";
+import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
 import { TLS_FILES, createCa, invocationCertFolder, issueServerCert } from "../src/lib/pki.js";
 import { freePort, start, waitHttp } from "./harness.js";
@@ -56,6 +57,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   const keyFile = join(dir, "keys", "admin.key.pem");
   ensureAdminKeyPair(keyFile, join(dir, "keys", "admin.pub.pem"));
   ensureServiceTokens(join(dir, "secrets"));
+  ensureKeyringFile(join(dir, "keys", "mek.json"));
   const natsPort = await freePort();
   const natsCfg = writeNatsServerConfig(join(dir, "nats"), { host: "127.0.0.1", port: natsPort });
   const nats = await start("nats-server", natsServerBinary(), ["-c", natsCfg.configFile], {});
@@ -97,6 +99,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     CALLPLANE__WORKER_CALLBACK_PROXY__INVOCATION__WORKER_TLS_PORT: String(tlsPort),
     // one replica each way: no relay needed, and none measured
     CALLPLANE__INVOCATION__RELAY__ENABLED: "false",
+    // no issuer in the bench: the API must not look for its key
+    CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",
   };
   // each service's log goes to <dir>/logs/<name>.log (CALLPLANE_BENCH_KEEP=1 keeps the folder)
   mkdirSync(join(dir, "logs"), { recursive: true });

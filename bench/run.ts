@@ -1,9 +1,11 @@
 // `npm run bench [-- invoke] [--seconds N] [--connections N] [--workers N] [--concurrency N]`
+// `npm run bench -- secrets [--iterations N] [--value-bytes N] [--functions N]`
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchInvoke } from "./invoke.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
+import { benchSecrets } from "./secrets.js";
 import { benchStream } from "./stream.js";
 
 function flag(name: string, def: number): number {
@@ -107,8 +109,27 @@ async function main(): Promise<void> {
       );
     }
     console.log(`  ratios: ${JSON.stringify(result.ratios)}`);
+  } else if (which === "secrets") {
+    result = await benchSecrets({
+      iterations: flag("iterations", 2000),
+      valueBytes: flag("value-bytes", 256),
+      functions: flag("functions", 200),
+    });
+    type Lat = { p50: number; p99: number; mean: number; n: number };
+    const st = result.store as Record<"encryptWarm" | "encryptCold" | "decryptWarm" | "decryptCold", Lat>;
+    const env = result.envelope as Record<"seal" | "open", Lat>;
+    const ms = (l: Lat) => `p50 ${l.p50} ms  p99 ${l.p99} ms  (mean ${l.mean} ms, n ${l.n})`;
+    console.log(
+      `\nsecrets benchmark (${flag("value-bytes", 256)}-byte values, ${flag("functions", 200)} functions, SQLite file, file MEK provider), ${String(result.machine)}`,
+    );
+    console.log(`  encrypt, warm NEK cache   ${ms(st.encryptWarm)}`);
+    console.log(`  encrypt, cold NEK cache   ${ms(st.encryptCold)}`);
+    console.log(`  decrypt, warm NEK cache   ${ms(st.decryptWarm)}`);
+    console.log(`  decrypt, cold NEK cache   ${ms(st.decryptCold)}`);
+    console.log(`  envelope only: seal ${ms(env.seal)}; open ${ms(env.open)}`);
+    console.log(`  (${String(result.notes)})`);
   } else {
-    throw new Error(`unknown benchmark ${which}; use invoke, proxy or stream`);
+    throw new Error(`unknown benchmark ${which}; use invoke, proxy, stream or secrets`);
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");
   mkdirSync(dir, { recursive: true });

@@ -8,13 +8,17 @@
 //   POST /digest          {bytes, sha256} of the request body (for large uploads)
 //   ANY /status/{code}    that status, with {"error": "..."} for 4xx/5xx
 //   ANY /headers          the request headers as JSON
+//   ANY /secrets          the function's secrets as the server reads them now from $SECRETS_PATH
+//                         (NVCF's secrets.json): their names and SHA-256 digests, never values;
+//                         ?name=N adds that one secret's value; ?env=N says whether $N is set and
+//                         its digest
 //   ANY /hang             never answers; /stats counts how many such calls were abandoned
 //   ANY /once-hang?key=k  the first call with a key never answers; later calls echo (redelivery tests)
 //   GET /health, /v2/health/ready
 // It listens on INFERENCE_HOST:INFERENCE_PORT (default 127.0.0.1:8000) or --listen host:port.
 import { createHash } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import { writeFile, rename } from "node:fs/promises";
+import { readFile, writeFile, rename } from "node:fs/promises";
 import { join } from "node:path";
 import { writeRepeated } from "../src/lib/stream.js";
 
@@ -147,6 +151,40 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
       code,
       code >= 400 ? { error: `the example server was asked to fail with ${code}` } : { status: code },
     );
+  }
+  if (path === "/secrets") {
+    req.resume();
+    const digest = (v: unknown) =>
+      createHash("sha256")
+        .update(typeof v === "string" ? v : JSON.stringify(v))
+        .digest("hex");
+    const file = process.env.SECRETS_PATH;
+    if (!file)
+      return json(res, 404, { error: "SECRETS_PATH is not set: this instance was given no secrets file" });
+    // read on every request: the file is rewritten when a secret changes
+    readFile(file, "utf8")
+      .then((text) => {
+        const secrets = JSON.parse(text) as Record<string, unknown>;
+        const name = url.searchParams.get("name");
+        const env = url.searchParams.get("env");
+        json(res, 200, {
+          path: file,
+          names: Object.keys(secrets).sort(),
+          sha256: Object.fromEntries(Object.entries(secrets).map(([k, v]) => [k, digest(v)])),
+          ...(name !== null ? { name, value: secrets[name] ?? null } : {}),
+          ...(env !== null
+            ? {
+                env: {
+                  name: env,
+                  set: process.env[env] !== undefined,
+                  sha256: process.env[env] !== undefined ? digest(process.env[env]) : null,
+                },
+              }
+            : {}),
+        });
+      })
+      .catch((err: unknown) => json(res, 500, { error: `cannot read ${file}: ${(err as Error).message}` }));
+    return;
   }
   if (path === "/headers") {
     req.resume();

@@ -1163,9 +1163,12 @@ describe("bad input", () => {
     assert.match(p.detail, /not support/);
     const two = await call(`${api.url}/v2/nvcf/functions`, {
       token: admin,
-      body: sampleFunction("helm", { helmChart: "c", secrets: [] }),
+      body: sampleFunction("helm", { helmChart: "c", telemetries: {} }),
     });
-    assert.deepEqual(fields(assertProblem(two, 400, "VALIDATION_FAILED")).sort(), ["helmChart", "secrets"]);
+    assert.deepEqual(fields(assertProblem(two, 400, "VALIDATION_FAILED")).sort(), [
+      "helmChart",
+      "telemetries",
+    ]);
   });
 
   test("inferenceUrl must be a path beginning with /", async (t) => {
@@ -1399,7 +1402,7 @@ describe("tokens", () => {
     const other = generateKeyPairSync("ec", { namedCurve: "P-256" });
     const foreign = await new SignJWT({ scopes: ["list_functions"] })
       .setProtectedHeader({ alg: "ES256", typ: "JWT" })
-      .setIssuer("callplane-admin-issuer")
+      .setIssuer("callplane-admin")
       .setAudience("callplane-api")
       .setSubject("intruder")
       .setJti(randomUUID())
@@ -1417,7 +1420,7 @@ describe("tokens", () => {
     const pem = readFileSync(api.publicKeyFile, "utf8");
     const confused = await new SignJWT({ scopes: ["list_functions"] })
       .setProtectedHeader({ alg: "HS256", typ: "JWT" })
-      .setIssuer("callplane-admin-issuer")
+      .setIssuer("callplane-admin")
       .setAudience("callplane-api")
       .setSubject("intruder")
       .setJti(randomUUID())
@@ -1439,19 +1442,15 @@ describe("tokens", () => {
       "wrong issuer",
     );
     await expectInvalid(
-      await base()
-        .setIssuer("callplane-admin-issuer")
-        .setAudience("other-api")
-        .setJti(randomUUID())
-        .sign(key),
+      await base().setIssuer("callplane-admin").setAudience("other-api").setJti(randomUUID()).sign(key),
       "wrong audience",
     );
     await expectInvalid(
-      await base().setIssuer("callplane-admin-issuer").setAudience("callplane-api").sign(key),
+      await base().setIssuer("callplane-admin").setAudience("callplane-api").sign(key),
       "no jti",
     );
     const good = await base()
-      .setIssuer("callplane-admin-issuer")
+      .setIssuer("callplane-admin")
       .setAudience("callplane-api")
       .setJti(randomUUID())
       .sign(key);

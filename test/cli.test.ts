@@ -125,7 +125,7 @@ test("--help works for the program and every noun and verb", async (t) => {
 
 test("init saves the admin token in the state file (0600) and later commands use it", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const c = cli(t);
   const r = await c.run(["init", "--issuer", issuer, "--api", api.url]);
   assert.equal(r.code, 0, r.stderr);
@@ -192,7 +192,7 @@ test("init against an issuer that answers 404 says it is disabled", async (t) =>
 
 test("URLs come from ./.callplane/stack.json; a stack without an issuer is reported as such", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const c = cli(t);
   mkdirSync(join(c.dir, ".callplane"));
   const stack = {

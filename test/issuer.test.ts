@@ -49,7 +49,7 @@ const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
 
 test("POST /v1/admin/keys returns an admin key in the contract's shape", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const r = await call<AdminKey>(`${issuer}/v1/admin/keys`, { body: {} });
   assert.equal(r.status, 200, r.text);
   assert.match(r.headers.get("content-type") ?? "", /^application\/json/);
@@ -105,7 +105,7 @@ test("POST /v1/admin/keys returns an admin key in the contract's shape", async (
 
 test("the issued token works against the API", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const { body: key } = await call<AdminKey>(`${issuer}/v1/admin/keys`, { body: {} });
 
   const created = await call<{ function: { id: string; versionId: string } }>(
@@ -130,7 +130,7 @@ test("the issued token works against the API", async (t) => {
 
   // an issuer with another signing key is not trusted by this API
   const stranger = await startApi(t);
-  const foreignIssuer = await startIssuer(t, stranger.privateKeyFile);
+  const foreignIssuer = await startIssuer(t, stranger.issuerKeyFile);
   const foreign = await call<AdminKey>(`${foreignIssuer}/v1/admin/keys`, { body: {} });
   assertProblem(
     await call(`${api.url}/v2/nvcf/functions`, { token: foreign.body.value }),
@@ -141,7 +141,7 @@ test("the issued token works against the API", async (t) => {
 
 test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile, 600);
+  const issuer = await startIssuer(t, api.issuerKeyFile, 600);
   const r = await call<AdminKey>(`${issuer}/v1/admin/keys`, { method: "POST" });
   assert.equal(r.status, 200, r.text);
   assert.equal(Date.parse(r.body.expires_at) - Date.parse(r.body.created_at), 600_000);
@@ -167,7 +167,7 @@ test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
 
 test("GET /v1/admin/keys is 405 and other paths are 404", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const get = await call(`${issuer}/v1/admin/keys`);
   assertProblem(get, 405, "METHOD_NOT_ALLOWED");
   assert.equal(get.headers.get("allow"), "POST");
@@ -179,7 +179,7 @@ test("GET /v1/admin/keys is 405 and other paths are 404", async (t) => {
 
 test("/health and /metrics answer", async (t) => {
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const health = await call(`${issuer}/health`);
   assert.equal(health.status, 200);
   assert.deepEqual(health.body, { status: "ok", service: "admin-issuer" });

@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { after, test, type TestContext } from "node:test";
 import pg from "pg";
 import { request } from "undici";
+import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { openPostgresStore } from "../src/services/api/store/postgres.js";
 import { openSqliteStore } from "../src/services/api/store/sqlite.js";
 import {
@@ -234,6 +235,8 @@ async function apiReplicas(t: TestContext, n: number) {
   const url = await (await postgres()).createDatabase(`t_${randomUUID().replaceAll("-", "")}`);
   const fixture = await startApi(scope);
   const dir = tmpDir(scope, "callplane-pg-api-");
+  // the secret store's keyring (the stack generates it on first start)
+  ensureKeyringFile(join(dir, "keys", "mek.json"));
   const start = (i: number) =>
     startService(scope, `api-${i}`, join(distRoot, "src", "services", "api", "main.js"), {
       CALLPLANE__GLOBAL__DATA_DIR: dir,
@@ -241,6 +244,7 @@ async function apiReplicas(t: TestContext, n: number) {
       CALLPLANE__API__LISTEN: "127.0.0.1:0",
       CALLPLANE__API__DATABASE__DRIVER: "postgres",
       CALLPLANE__API__DATABASE__URL: url,
+      CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",
       CALLPLANE__AUTH__ADMIN_PUBLIC_KEY_FILE: fixture.publicKeyFile,
       CALLPLANE__AUTH__ADMIN_SIGNING_KEY_FILE: fixture.privateKeyFile,
       CALLPLANE__AUTH__SERVICE_TOKEN_DIR: fixture.serviceTokenDir,

@@ -6,7 +6,7 @@ test("testkit starts a real nats-server, API and issuer on loopback", async (t) 
   const nats = await startNats(t);
   assert.match(nats.url, /^nats:\/\/127\.0\.0\.1:\d+$/);
   const api = await startApi(t);
-  const issuer = await startIssuer(t, api.privateKeyFile);
+  const issuer = await startIssuer(t, api.issuerKeyFile);
   const tok = await call<{ value: string }>(`${issuer}/v1/admin/keys`, { body: {} });
   assert.equal(tok.status, 200);
   const list = await call(`${api.url}/v2/nvcf/functions`, { token: tok.body.value });

@@ -141,6 +141,8 @@ function tokenHint(err: CliError, token: TokenInfo, api: string): string | undef
   if (err.status !== 401) return undefined;
   const fresh = freshTokenAdvice(token);
   if (err.code === "TOKEN_EXPIRED") return `the admin token from ${token.from} has expired; ${fresh}`;
+  if (err.code === "TOKEN_ISSUER_DISABLED")
+    return `the admin token from ${token.from} came from the admin token issuer, which is turned off; set CALLPLANE_TOKEN to a token from your identity provider, or mint one with \`callplane admin token --save\``;
   return `the API at ${api} refused the admin token from ${token.from}; ${fresh}`;
 }
 

@@ -35,6 +35,8 @@ export interface FunctionDto {
   description?: string;
   createdAt: string;
   activeInstances?: InstanceDto[];
+  /** Secret names (never values). */
+  secrets?: string[];
 }
 
 export interface ResolvedFunction {

@@ -9,6 +9,8 @@ import { registerInit } from "./commands/init.js";
 import { registerInvoke } from "./commands/invoke.js";
 import { registerKey } from "./commands/key.js";
 import { registerPki } from "./commands/pki.js";
+import { registerSecret } from "./commands/secret.js";
+import { registerSecrets } from "./commands/secrets.js";
 import { registerStatus } from "./commands/status.js";
 import { printJson, reportError } from "./output.js";
 import { DEFAULT_API_URL, DEFAULT_ISSUER_URL, type GlobalOptions } from "./settings.js";
@@ -36,6 +38,7 @@ Getting started (with \`npm start\` running in another terminal):
   callplane deploy create echo
   callplane key create --description demo
   callplane invoke echo --api-key <key> --data '{"message":"hello"}'
+  printf '%s' "$TOKEN" | callplane secret set echo API_TOKEN
 
 Exit codes: 0 success, 1 error, 2 usage error.`;
 
@@ -63,7 +66,7 @@ function configure(cmd: Command, adminHelp: boolean): void {
   cmd.showHelpAfterError(`hint: see \`${fullName(cmd)} --help\``);
   if (adminHelp && cmd.name() !== "help") cmd.addHelpText("after", ADMIN);
   for (const c of cmd.commands) {
-    configure(c, adminHelp || ["function", "deploy", "key"].includes(c.name()));
+    configure(c, adminHelp || ["function", "deploy", "key", "secret", "secrets"].includes(c.name()));
   }
 }
 
@@ -91,6 +94,8 @@ export function buildProgram(): Command {
   registerDeploy(program);
   registerKey(program);
   registerInvoke(program);
+  registerSecret(program);
+  registerSecrets(program);
   registerAdmin(program);
   registerPki(program);
   configure(program, false);

@@ -1,5 +1,8 @@
 // Credentials callplane understands, and the checks every service applies:
-// - admin tokens: ES256 JWTs from the admin issuer, verified by public key, 12 h by default;
+// - admin tokens: ES256 JWTs verified by public key, from one of two issuers kept apart: the admin
+//   token issuer service (`iss` callplane-admin-issuer, its own key pair, trusted only while
+//   adminIssuerProxy.enabled) and the stack's admin key (`iss` callplane-admin: the stack's own
+//   calls, `callplane admin token`, or an identity provider's key in its place);
 // - API keys: opaque `nvapi-` strings, stored only as SHA-256 hashes, shown once;
 // - service tokens: opaque `cps-` strings that callplane's own services present to the API; they do
 //   not expire with the admin token, so a stack keeps working past hour 12.
@@ -16,6 +19,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSy
 import { dirname, join } from "node:path";
 import {
   SignJWT,
+  decodeJwt,
   errors as joseErrors,
   importPKCS8,
   importSPKI,
@@ -68,11 +72,14 @@ export const API_KEY_DEFAULT_SCOPES: readonly Scope[] = [
 /** Internal scopes held only by callplane's own services. */
 export const SERVICE_SCOPES = {
   invocation: ["internal:invocation-auth"],
-  compute: ["internal:deployments", "internal:instances"],
+  compute: ["internal:deployments", "internal:instances", "internal:secrets"],
 } as const satisfies Record<string, readonly string[]>;
 export type ServiceName = keyof typeof SERVICE_SCOPES;
 
+/** The `iss` of tokens from the admin token issuer service (signed with adminIssuerProxy.signingKeyFile). */
 export const ADMIN_ISSUER = "callplane-admin-issuer";
+/** The `iss` of admin tokens signed with the stack's admin key (auth.adminSigningKeyFile). */
+export const STACK_ADMIN_ISSUER = "callplane-admin";
 export const ADMIN_AUDIENCE = "callplane-api";
 export const ADMIN_ALG = "ES256";
 
@@ -179,6 +186,7 @@ export interface AdminTokenSigner {
 export async function createAdminTokenSigner(
   privateKeyPem: string,
   defaultTtlSeconds: number,
+  issuer: string = STACK_ADMIN_ISSUER,
 ): Promise<AdminTokenSigner> {
   const key = await importPKCS8(privateKeyPem, ADMIN_ALG);
   return {
@@ -190,9 +198,9 @@ export async function createAdminTokenSigner(
       const scopes = [...(opts.scopes ?? ADMIN_DEFAULT_SCOPES)];
       const token = await new SignJWT({ scopes })
         .setProtectedHeader({ alg: ADMIN_ALG, typ: "JWT" })
-        .setIssuer(ADMIN_ISSUER)
+        .setIssuer(issuer)
         .setAudience(ADMIN_AUDIENCE)
-        .setSubject(opts.subject ?? "admin-issuer-proxy")
+        .setSubject(opts.subject ?? (issuer === ADMIN_ISSUER ? "admin-issuer-proxy" : "callplane-admin"))
         .setJti(id)
         .setIssuedAt(issuedAt)
         .setExpirationTime(expiresAt)
@@ -206,14 +214,45 @@ export interface AdminTokenVerifier {
   verify(token: string): Promise<Principal & { kind: "admin" }>;
 }
 
-export async function createAdminTokenVerifier(publicKeyPem: string): Promise<AdminTokenVerifier> {
-  const key: CryptoKey | KeyObject = await importSPKI(publicKeyPem, ADMIN_ALG);
+export interface TrustedIssuer {
+  /** The `iss` a token must carry to be checked against this key. */
+  issuer: string;
+  publicKeyPem: string;
+}
+
+/**
+ * Verifies admin tokens against one key per issuer: a token's `iss` picks the key, so a token from
+ * one issuer can never pass with another's key. `refused` names issuers whose tokens are refused
+ * outright (an issuer that has been turned off), with the reason to give.
+ */
+export async function createAdminTokenVerifier(
+  trusted: readonly TrustedIssuer[],
+  refused: Readonly<Record<string, string>> = {},
+): Promise<AdminTokenVerifier> {
+  const keys = new Map<string, CryptoKey | KeyObject>();
+  for (const t of trusted) keys.set(t.issuer, await importSPKI(t.publicKeyPem, ADMIN_ALG));
+  const invalid = (cause?: unknown) =>
+    new CallplaneError(
+      "TOKEN_INVALID",
+      "the token is not a valid callplane admin token or API key (bad signature, wrong issuer, or malformed)",
+      cause === undefined ? {} : { cause },
+    );
   return {
     async verify(token) {
+      let iss: unknown;
+      try {
+        iss = decodeJwt(token).iss;
+      } catch (err) {
+        throw invalid(err);
+      }
+      if (typeof iss === "string" && refused[iss] !== undefined)
+        throw new CallplaneError("TOKEN_ISSUER_DISABLED", refused[iss]);
+      const key = typeof iss === "string" ? keys.get(iss) : undefined;
+      if (!key) throw invalid();
       try {
         const { payload } = await jwtVerify(token, key, {
           algorithms: [ADMIN_ALG],
-          issuer: ADMIN_ISSUER,
+          issuer: iss as string,
           audience: ADMIN_AUDIENCE,
           requiredClaims: ["exp", "jti", "sub"],
         });
@@ -234,14 +273,16 @@ export async function createAdminTokenVerifier(publicKeyPem: string): Promise<Ad
             "the admin token has expired; get a new one with `callplane init` or from your identity provider",
           );
         }
-        throw new CallplaneError(
-          "TOKEN_INVALID",
-          "the token is not a valid callplane admin token or API key (bad signature, wrong issuer, or malformed)",
-          { cause: err },
-        );
+        throw invalid(err);
       }
     },
   };
+}
+
+/** Whether two PEM public keys are the same key (so that two roles do not share one). */
+export function samePublicKey(a: string, b: string): boolean {
+  const der = (pem: string) => createPublicKey(pem).export({ type: "spki", format: "der" });
+  return der(a).equals(der(b));
 }
 
 export function looksLikeJwt(token: string): boolean {

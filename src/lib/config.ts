@@ -115,6 +115,30 @@ export const configSchema = z.strictObject({
     listen: hostPort.default("127.0.0.1:8081"),
     url: optionalUrl(["http", "https"]),
     tokenTtlSeconds: seconds(43_200, 7 * 86_400),
+    signingKeyFile: z.string().default(""),
+    publicKeyFile: z.string().default(""),
+    gateway: section({ enabled: z.boolean().default(true) }),
+  }),
+  secrets: section({
+    mek: section({
+      provider: z.enum(["file", "env", "plugin"]).default("file"),
+      file: z.string().default(""),
+      envVariable: z
+        .string()
+        .regex(/^[A-Z_][A-Z0-9_]*$/, "must be an environment variable name in upper case")
+        .default("CALLPLANE_MEK_KEYRING"),
+      plugin: z.string().default(""),
+      refreshSeconds: seconds(30, 3600),
+      rotationGraceSeconds: seconds(60, 7 * 86_400),
+    }),
+    nek: section({
+      maxEncryptions: z.number().int().min(1).max(4_294_967_295).default(1_000_000_000),
+    }),
+    nekCache: section({
+      maxEntries: z.number().int().min(1).max(1_000_000).default(1000),
+      ttlSeconds: seconds(300, 86_400),
+      outageSeconds: z.number().min(0).max(86_400).default(600),
+    }),
   }),
   auth: section({
     adminSigningKeyFile: z.string().default(""),
@@ -199,6 +223,10 @@ export const configSchema = z.strictObject({
   }),
   compute: section({
     backend: z.enum(["local"]).default("local"),
+    secrets: section({
+      dir: z.string().default(""),
+      env: z.boolean().default(false),
+    }),
     listen: hostPort.default("127.0.0.1:8082"),
     instanceNetwork: cidr.default("127.0.3.0/24"),
     syncIntervalSeconds: seconds(2, 600),
@@ -296,6 +324,17 @@ function crossFieldProblems(c: Config): string[] {
     p.push(
       `api.database.url is set (${db.url.replace(/\/\/[^@/]*@/, "//…@")}) but api.database.driver is sqlite: set api.database.driver to postgres, or clear api.database.url`,
     );
+  const mek = c.secrets.mek;
+  if (mek.rotationGraceSeconds < 2 * mek.refreshSeconds) {
+    p.push(
+      `secrets.mek.rotationGraceSeconds (${mek.rotationGraceSeconds}) is less than twice secrets.mek.refreshSeconds (${mek.refreshSeconds}): ` +
+        "a new MEK could be promoted before every API replica has reloaded its keys, and one replica could write NEKs another cannot read. " +
+        `Raise secrets.mek.rotationGraceSeconds to at least ${2 * mek.refreshSeconds}, or lower secrets.mek.refreshSeconds`,
+    );
+  }
+  if (mek.provider === "plugin" && !mek.plugin) {
+    p.push("secrets.mek.provider is plugin but secrets.mek.plugin is empty: name the plugin module's file");
+  }
   if (c.compute.restartBackoff.initialSeconds > c.compute.restartBackoff.maxSeconds) {
     p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
   }
@@ -417,7 +456,28 @@ export function loadConfig(opts: LoadOptions = {}): Config {
   const cross = crossFieldProblems(config);
   if (cross.length) throw new ConfigError(source, cross);
   resolveDerived(config, opts.cwd ?? process.cwd());
+  const afterDerived = keyFileProblems(config);
+  if (afterDerived.length) throw new ConfigError(source, afterDerived);
   return deepFreeze(config);
+}
+
+/** Rules on paths once they are resolved: the issuer's key pair must be its own. */
+function keyFileProblems(c: Config): string[] {
+  const p: string[] = [];
+  const ai = c.adminIssuerProxy;
+  for (const [mine, other] of [
+    ["signingKeyFile", "adminSigningKeyFile"],
+    ["publicKeyFile", "adminPublicKeyFile"],
+  ] as const) {
+    if (ai[mine] === c.auth[other]) {
+      p.push(
+        `adminIssuerProxy.${mine} and auth.${other} name the same file (${ai[mine]}): the issuer needs a key of its own, ` +
+          `or turning it off could not withdraw the tokens it issued. Give adminIssuerProxy.${mine} another file, ` +
+          "or leave it empty for <global.dataDir>/keys/admin-issuer.*",
+      );
+    }
+  }
+  return p;
 }
 
 /** Fills in values that default from other values (paths under the data folder, URLs from listen addresses). */
@@ -433,6 +493,14 @@ function resolveDerived(c: Config, cwd: string): void {
     ? abs(c.auth.adminPublicKeyFile)
     : resolve(data, "keys", "admin-signing.pub.pem");
   c.auth.serviceTokenDir = c.auth.serviceTokenDir ? abs(c.auth.serviceTokenDir) : resolve(data, "secrets");
+  const ai = c.adminIssuerProxy;
+  ai.signingKeyFile = ai.signingKeyFile
+    ? abs(ai.signingKeyFile)
+    : resolve(data, "keys", "admin-issuer.key.pem");
+  ai.publicKeyFile = ai.publicKeyFile ? abs(ai.publicKeyFile) : resolve(data, "keys", "admin-issuer.pub.pem");
+  c.secrets.mek.file = c.secrets.mek.file ? abs(c.secrets.mek.file) : resolve(data, "keys", "mek.json");
+  if (c.secrets.mek.plugin) c.secrets.mek.plugin = abs(c.secrets.mek.plugin);
+  if (c.compute.secrets.dir) c.compute.secrets.dir = abs(c.compute.secrets.dir);
   if (c.nats.server.binary) c.nats.server.binary = abs(c.nats.server.binary);
   if (!c.api.url) c.api.url = `http://${c.api.listen}`;
   if (!c.adminIssuerProxy.url) c.adminIssuerProxy.url = `http://${c.adminIssuerProxy.listen}`;

@@ -30,6 +30,14 @@ export const ERROR_CODES = {
   DEPLOYMENT_EXISTS: { status: 409, kind: "user", title: "Deployment already exists" },
   VERSION_DEPLOYED: { status: 409, kind: "user", title: "Function version is deployed" },
   ISSUER_DISABLED: { status: 404, kind: "user", title: "Admin token issuer disabled" },
+  TOKEN_ISSUER_DISABLED: { status: 401, kind: "user", title: "Token from a disabled issuer" },
+  // secrets and their keys
+  SECRET_NOT_FOUND: { status: 404, kind: "user", title: "Secret not found" },
+  SECRET_UNREADABLE: { status: 500, kind: "system", title: "Secret cannot be decrypted" },
+  SECRET_KEY_UNAVAILABLE: { status: 503, kind: "system", title: "Encryption key unavailable" },
+  ROTATION_IN_PROGRESS: { status: 409, kind: "user", title: "A key rotation is in progress" },
+  NO_ROTATION: { status: 409, kind: "user", title: "No key rotation to act on" },
+  MEK_UNKNOWN: { status: 400, kind: "user", title: "Key not known to the MEK provider" },
   // invocation
   FUNCTION_NOT_DEPLOYED: { status: 404, kind: "user", title: "Function has no deployed version" },
   REQUEST_NOT_FOUND: { status: 404, kind: "user", title: "Request not found" },

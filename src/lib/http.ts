@@ -164,8 +164,15 @@ export function bearerToken(req: IncomingMessage): string {
   return m[1];
 }
 
-/** Reads a JSON body, counting bytes while they arrive so an oversized body never sits in memory. */
-export async function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
+/**
+ * Reads a JSON body, counting bytes while they arrive so an oversized body never sits in memory.
+ * `sensitive`: the body holds secret values, so a parse error does not quote it (V8's message does).
+ */
+export async function readJson(
+  req: IncomingMessage,
+  limit: number,
+  opts: { sensitive?: boolean } = {},
+): Promise<unknown> {
   const type = req.headers["content-type"];
   const declared =
     req.headers["content-length"] === undefined ? undefined : Number(req.headers["content-length"]);
@@ -198,6 +205,11 @@ export async function readJson(req: IncomingMessage, limit: number): Promise<unk
   try {
     return JSON.parse(text) as unknown;
   } catch (err) {
+    if (opts.sensitive)
+      throw new CallplaneError(
+        "MALFORMED_JSON",
+        "the body is not valid JSON (the parser's message is not repeated here, since the body holds secret values)",
+      );
     throw new CallplaneError("MALFORMED_JSON", `the body is not valid JSON: ${(err as Error).message}`);
   }
 }

@@ -96,6 +96,10 @@ async function main(): Promise<void> {
   if (config.adminIssuerProxy.enabled) {
     issuer = (await stack.startService("admin-issuer", "admin-issuer")).issuer!;
     say(`admin-issuer  ${issuer}   (unauthenticated by design: loopback only, never expose it)`);
+  } else {
+    say(
+      "admin-issuer  off (adminIssuerProxy.enabled: false): not started, and the API refuses its tokens; use CALLPLANE_TOKEN or `bin/callplane admin token`",
+    );
   }
   const invocation: string[] = [];
   for (const [i, ip] of replicaIps.entries()) {
@@ -134,6 +138,10 @@ async function main(): Promise<void> {
   const info: StackInfo = {
     api,
     ...(issuer ? { issuer } : {}),
+    adminIssuer: {
+      enabled: config.adminIssuerProxy.enabled,
+      gatewayEnabled: config.adminIssuerProxy.enabled && config.adminIssuerProxy.gateway.enabled,
+    },
     nats,
     compute,
     invocation,
@@ -178,7 +186,11 @@ async function main(): Promise<void> {
   );
   console.log("  or with the CLI (it reads .callplane/stack.json):");
   console.log(`    bin/callplane invoke ${demo.httpFunctionName} --data '{"hello":"world"}'`);
-  console.log("  manage functions:  bin/callplane init && bin/callplane function list");
+  console.log(
+    config.adminIssuerProxy.enabled
+      ? "  manage functions:  bin/callplane init && bin/callplane function list"
+      : "  manage functions:  bin/callplane admin token --save && bin/callplane function list   (the admin issuer is off)",
+  );
   console.log("  stop the stack:    Ctrl-C");
 }
 

@@ -7,6 +7,8 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib/auth.js";
 import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
+import { ensureKeyringFile } from "../lib/secrets/mek.js";
+import { secretsRoot } from "../lib/secrets/paths.js";
 import type { Config } from "../lib/config.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
 import { parseHostPort, type HostPort } from "../lib/net.js";
@@ -126,7 +128,56 @@ export class LocalStack {
     if (keys.created) this.opts.say(`generated the admin signing key in ${config.auth.adminSigningKeyFile}`);
     if (keys.derivedPublicKey)
       this.opts.say(`wrote the admin public key from the signing key to ${config.auth.adminPublicKeyFile}`);
+    this.prepareIssuerKeys();
     ensureServiceTokens(config.auth.serviceTokenDir);
+    if (config.secrets.mek.provider === "file") {
+      let mek: ReturnType<typeof ensureKeyringFile>;
+      try {
+        mek = ensureKeyringFile(config.secrets.mek.file);
+      } catch (err) {
+        throw new StackError(
+          `cannot create the MEK keyring ${config.secrets.mek.file}: ${(err as Error).message}`,
+        );
+      }
+      if (mek.created)
+        this.opts.say(
+          `generated the master encryption key (MEK ${mek.kid}) in ${config.secrets.mek.file} (mode 0600; back it up with the database)`,
+        );
+    }
+  }
+
+  /**
+   * The admin issuer's own key pair, apart from the stack's admin key: created while the issuer is
+   * enabled. Turned off, the pair the stack generated is deleted, so that no token the issuer ever
+   * signed can be accepted again, even if the issuer is turned back on (it then gets a new pair).
+   */
+  private prepareIssuerKeys(): void {
+    const { config } = this.opts;
+    const ai = config.adminIssuerProxy;
+    const ours =
+      ai.signingKeyFile === join(this.dataDir, "keys", "admin-issuer.key.pem") &&
+      ai.publicKeyFile === join(this.dataDir, "keys", "admin-issuer.pub.pem");
+    if (!ai.enabled) {
+      if (ours && (existsSync(ai.signingKeyFile) || existsSync(ai.publicKeyFile))) {
+        rmSync(ai.signingKeyFile, { force: true });
+        rmSync(ai.publicKeyFile, { force: true });
+        this.opts.say(
+          "the admin issuer is off (adminIssuerProxy.enabled: false): deleted its key pair, so the tokens it issued are refused for good",
+        );
+      }
+      return;
+    }
+    let keys: ReturnType<typeof ensureAdminKeyPair>;
+    try {
+      keys = ensureAdminKeyPair(ai.signingKeyFile, ai.publicKeyFile);
+    } catch (err) {
+      throw new StackError(
+        (err as Error).message
+          .replaceAll("auth.adminPublicKeyFile", "adminIssuerProxy.publicKeyFile")
+          .replaceAll("auth.adminSigningKeyFile", "adminIssuerProxy.signingKeyFile"),
+      );
+    }
+    if (keys.created) this.opts.say(`generated the admin issuer's own signing key in ${ai.signingKeyFile}`);
   }
 
   /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */
@@ -246,7 +297,21 @@ export class LocalStack {
     const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();
     await Promise.all(rest.map((c) => c.stop(graceMs)));
     await Promise.all(nats.map((c) => c.stop(5000)));
+    this.removeInstanceSecrets();
     rmSync(this.pidFile, { force: true });
+  }
+
+  /**
+   * Function instances' secrets files (in memory, outside the data folder): the compute agent
+   * removes each with its instance; when the stack is stopped at once, it cannot, so the stack does.
+   */
+  private removeInstanceSecrets(): void {
+    try {
+      const { config } = this.opts;
+      rmSync(secretsRoot(this.dataDir, config.compute.secrets.dir), { recursive: true, force: true });
+    } catch {
+      // the next compute agent start removes what is left
+    }
   }
 
   killAll(): void {
@@ -264,5 +329,6 @@ export class LocalStack {
         // already gone
       }
     }
+    this.removeInstanceSecrets();
   }
 }

@@ -15,10 +15,20 @@ import {
   type ServiceName,
 } from "../../src/lib/auth.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats-server.js";
+import { createFileMekProvider, ensureKeyringFile, type MekProvider } from "../../src/lib/secrets/mek.js";
+import { openSqliteSecretStorage } from "../../src/services/api/secrets/storage.js";
+import {
+  createSecretStore,
+  type SecretStore,
+  type SecretStoreOptions,
+} from "../../src/services/api/secrets/store.js";
 import { createAdminIssuer } from "../../src/services/admin-issuer/service.js";
 import { createApiService } from "../../src/services/api/service.js";
+import { createRegistry } from "../../src/lib/metrics.js";
 import { openSqliteStore } from "../../src/services/api/store/sqlite.js";
 import type { Store } from "../../src/services/api/store/types.js";
+import type Database from "better-sqlite3";
+import type { Logger } from "../../src/lib/log.js";
 
 type Ctx = Pick<TestContext, "after">;
 
@@ -104,19 +114,38 @@ export interface ApiFixture {
   serviceToken(name: ServiceName): string;
   privateKeyFile: string;
   publicKeyFile: string;
+  /** The admin token issuer's own signing key (trusted by this API unless started with `issuer: false`). */
+  issuerKeyFile: string;
   dbPath: string;
+  db: Database.Database;
+  secrets: SecretStore;
+  mekFile: string;
+  /** The API's metrics registry (the secret store's series are in it). */
+  metrics(): Promise<string>;
+}
+
+export interface StartApiOptions {
+  maxBodyBytes?: number;
+  dir?: string;
+  /** Whether the API trusts the admin issuer's key (adminIssuerProxy.enabled); true by default. */
+  issuer?: boolean;
+  /** Secret store settings to change (fast refresh and grace by default, for tests). */
+  secrets?: Partial<Omit<SecretStoreOptions, "storage" | "provider">> & { provider?: MekProvider };
+  logger?: Logger;
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
-export async function startApi(
-  t: Ctx,
-  opts: { maxBodyBytes?: number; dir?: string } = {},
-): Promise<ApiFixture> {
+export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiFixture> {
   const own = opts.dir === undefined;
   const dir = opts.dir ?? mkdtempSync(join(tmpdir(), "callplane-api-"));
   const privateKeyFile = join(dir, "keys", "admin.key.pem");
   const publicKeyFile = join(dir, "keys", "admin.pub.pem");
   ensureAdminKeyPair(privateKeyFile, publicKeyFile);
+  const issuerKeyFile = join(dir, "keys", "issuer.key.pem");
+  const issuerPublicKeyFile = join(dir, "keys", "issuer.pub.pem");
+  ensureAdminKeyPair(issuerKeyFile, issuerPublicKeyFile);
+  const mekFile = join(dir, "keys", "mek.json");
+  ensureKeyringFile(mekFile);
   const serviceTokenDir = join(dir, "secrets");
   ensureServiceTokens(serviceTokenDir);
   const dbPath = join(dir, "callplane.db");
@@ -125,16 +154,36 @@ export async function startApi(
     invocation: readServiceToken(serviceTokenDir, "invocation"),
     compute: readServiceToken(serviceTokenDir, "compute"),
   };
+  const registry = createRegistry("api", { defaultMetrics: false });
+  const { provider, ...secretOpts } = opts.secrets ?? {};
+  const secrets = createSecretStore({
+    storage: openSqliteSecretStorage(store.db),
+    provider: provider ?? createFileMekProvider(mekFile),
+    refreshMs: 1000,
+    rotationGraceMs: 2000,
+    nekCache: { maxEntries: 1000, ttlMs: 300_000, outageMs: 600_000 },
+    maxNekEncryptions: 1_000_000_000,
+    registry,
+    ...(opts.logger ? { logger: opts.logger } : {}),
+    ...secretOpts,
+  });
+  await secrets.start();
   const api = createApiService({
     listen: { host: "127.0.0.1", port: 0 },
     store,
     adminPublicKeyPem: readFileSync(publicKeyFile, "utf8"),
+    adminIssuerPublicKeyPem: opts.issuer === false ? undefined : readFileSync(issuerPublicKeyFile, "utf8"),
+    adminIssuer: { enabled: opts.issuer !== false, gatewayEnabled: true },
+    secrets,
     serviceTokens,
+    registry,
+    ...(opts.logger ? { logger: opts.logger } : {}),
     ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
   });
   const url = (await api.listen()).origin;
   t.after(async () => {
     api.destroy();
+    await secrets.close();
     await store.close();
   });
   // after the API and its store are closed
@@ -148,12 +197,18 @@ export async function startApi(
     serviceTokenDir,
     privateKeyFile,
     publicKeyFile,
+    issuerKeyFile,
     dbPath,
+    db: store.db,
+    secrets,
+    mekFile,
+    metrics: () => registry.metrics(),
     adminToken: async (o = {}) => (await signer.sign(o)).token,
     serviceToken: (name) => serviceTokens[name],
   };
 }
 
+/** Starts the admin token issuer; give it the API fixture's `issuerKeyFile`, which the API trusts. */
 export async function startIssuer(t: Ctx, privateKeyFile: string, ttlSeconds = 43_200): Promise<string> {
   const issuer = createAdminIssuer({
     listen: { host: "127.0.0.1", port: 0 },

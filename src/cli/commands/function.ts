@@ -33,7 +33,9 @@ function readBodyFile(file: string): Record<string, unknown> {
   try {
     doc = JSON.parse(text);
   } catch (err) {
-    throw usageError(`--file ${file} is not valid JSON: ${(err as Error).message}`);
+    // the parser quotes the text, which may hold secret values: keep only where it stopped
+    const where = /position \d+/.exec((err as Error).message)?.[0];
+    throw usageError(`--file ${file} is not valid JSON${where ? ` (at ${where})` : ""}`);
   }
   if (!doc || typeof doc !== "object" || Array.isArray(doc)) {
     throw usageError(`--file ${file} must hold one JSON object (a CreateFunctionRequest)`);
@@ -110,6 +112,7 @@ export function functionFields(f: FunctionDto): Array<[string, string | number |
     ["type", f.functionType],
     ["tags", f.tags?.length ? f.tags.join(", ") : undefined],
     ["description", f.description],
+    ["secrets", f.secrets?.length ? `${f.secrets.join(", ")} (names only)` : undefined],
     ["created", f.createdAt],
     [
       "instances",

@@ -6,6 +6,24 @@ import { CliError } from "../errors.js";
 import { note, printFields, printJson, relative } from "../output.js";
 import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Settings } from "../settings.js";
 
+export interface ApiInfo {
+  adminIssuer?: { enabled: boolean; gatewayEnabled: boolean; tokensAccepted: boolean };
+}
+
+/** What the API says about itself before any token (GET /v1/info); undefined when it does not answer. */
+export async function apiInfo(s: Settings): Promise<ApiInfo | undefined> {
+  try {
+    const res = await fetch(`${s.apiUrl().value}/v1/info`, { signal: AbortSignal.timeout(3000) });
+    if (!res.ok) {
+      await res.body?.cancel();
+      return undefined;
+    }
+    return (await res.json()) as ApiInfo;
+  } catch {
+    return undefined;
+  }
+}
+
 /** How to get an admin token without the issuer. */
 export function supplyTokenHint(s: Settings): string {
   return (
@@ -72,6 +90,14 @@ the CLI config file, or \`callplane admin token --signing-key <file> --save\` (o
           timeoutMs: 15_000,
         });
       } catch (err) {
+        // nothing answers at the issuer's address: perhaps because it is turned off, which the API knows
+        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false) {
+          throw new CliError(
+            `the admin token issuer is turned off (the API at ${s.apiUrl().value} says adminIssuerProxy.enabled is false), so there is no token to fetch`,
+            "ISSUER_DISABLED",
+            { hint: supplyTokenHint(s) },
+          );
+        }
         // the hint already says how to start the stack or check the URL; add the way around the issuer
         throw err instanceof CliError ? err.withHint(`${err.hint}; or ${supplyTokenHint(s)}`) : err;
       }

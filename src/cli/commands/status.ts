@@ -3,6 +3,7 @@
 import { connect } from "node:net";
 import type { Command } from "commander";
 import { freshTokenAdvice, networkError, type Service } from "../client.js";
+import { apiInfo } from "./init.js";
 import { printFields, printJson, relative } from "../output.js";
 import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Sourced } from "../settings.js";
 
@@ -63,15 +64,20 @@ export function registerStatus(program: Command): void {
       const s = settingsFor(cmd);
       const issuer = s.issuerUrl();
       const invocation = s.invocationUrl(opts.invocationUrl);
+      const info = await apiInfo(s);
+      const issuerOff = info?.adminIssuer?.enabled === false;
       const checks = await Promise.all([
         httpCheck("api", "the API", s.apiUrl()),
-        "disabled" in issuer
+        "disabled" in issuer || issuerOff
           ? Promise.resolve<Check>({
               name: "issuer",
               url: undefined,
-              from: tildify(s.stackFile),
+              from: "disabled" in issuer ? tildify(s.stackFile) : `${s.apiUrl().value}/v1/info`,
               state: "disabled",
-              detail: issuer.disabled,
+              detail:
+                "disabled" in issuer
+                  ? `${issuer.disabled}; the API refuses the tokens it issued`
+                  : "adminIssuerProxy.enabled is false (the API says so); it is not running and the API refuses the tokens it issued",
             })
           : httpCheck("issuer", "the admin token issuer", issuer),
         invocation
@@ -104,6 +110,7 @@ export function registerStatus(program: Command): void {
         configFile: s.configFile ? { path: s.configFile, found: true } : null,
         stateFile: { path: s.stateFile },
         services: checks,
+        adminIssuer: info?.adminIssuer ?? null,
         token: token
           ? {
               from: token.from,
@@ -136,6 +143,14 @@ export function registerStatus(program: Command): void {
                     : ", expiry unknown"
                 }`
               : "none: run `callplane init`, set CALLPLANE_TOKEN, or run `callplane admin token --save`",
+          ],
+          [
+            "admin issuer",
+            info?.adminIssuer
+              ? info.adminIssuer.enabled
+                ? `enabled (its tokens are accepted; public route ${info.adminIssuer.gatewayEnabled ? "on" : "off: adminIssuerProxy.gateway.enabled is false"})`
+                : "disabled (adminIssuerProxy.enabled: false): no issuer, and its earlier tokens are refused; use CALLPLANE_TOKEN or `callplane admin token`"
+              : "unknown (the API did not answer GET /v1/info)",
           ],
           ["api key", apiKey ? `from ${apiKey.from}` : "none (create one with `callplane key create`)"],
           [

@@ -11,10 +11,10 @@ runService("admin-issuer", async (config, logger) => {
   }
   let privateKeyPem: string;
   try {
-    privateKeyPem = readFileSync(config.auth.adminSigningKeyFile, "utf8");
+    privateKeyPem = readFileSync(config.adminIssuerProxy.signingKeyFile, "utf8");
   } catch {
     throw new Error(
-      `cannot read the admin signing key at ${config.auth.adminSigningKeyFile}; the stack creates it on first start, or set auth.adminSigningKeyFile`,
+      `cannot read the admin issuer's signing key at ${config.adminIssuerProxy.signingKeyFile}; the stack creates it on first start, or set adminIssuerProxy.signingKeyFile`,
     );
   }
   const issuer = createAdminIssuer({

@@ -1,8 +1,9 @@
 // The admin token issuer: POST /v1/admin/keys returns a 12-hour admin JWT. Like upstream's
 // admin-token-issuer-proxy it does not authenticate its callers, so it listens on loopback by
 // default and must never be exposed; an install with its own identity provider turns it off
-// (adminIssuerProxy.enabled: false) and then this service is not started and its key not loaded.
-import { createAdminTokenSigner } from "../../lib/auth.js";
+// (adminIssuerProxy.enabled: false) and then this service is not started, its key is not loaded,
+// and the API refuses the tokens it issued before (it trusts the issuer's key only while enabled).
+import { ADMIN_ISSUER, createAdminTokenSigner } from "../../lib/auth.js";
 import { CallplaneError } from "../../lib/errors.js";
 import { Router, createHttpService, readJson, sendJson } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
@@ -25,7 +26,8 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
     help: "Admin tokens issued",
     registers: [registry],
   });
-  const signerPromise = createAdminTokenSigner(opts.privateKeyPem, opts.ttlSeconds);
+  // its own key pair and its own `iss`: the API trusts them only while the issuer is enabled
+  const signerPromise = createAdminTokenSigner(opts.privateKeyPem, opts.ttlSeconds, ADMIN_ISSUER);
   signerPromise.catch(() => undefined);
   const router = new Router();
   router.add("POST", "/v1/admin/keys", async ({ req, res }) => {

@@ -1,19 +1,62 @@
 import { readFileSync } from "node:fs";
-import { SERVICE_SCOPES, readServiceToken, type ServiceName } from "../../lib/auth.js";
+import { SERVICE_SCOPES, readServiceToken, samePublicKey, type ServiceName } from "../../lib/auth.js";
+import type { Config } from "../../lib/config.js";
+import type { Logger } from "../../lib/log.js";
+import { createRegistry } from "../../lib/metrics.js";
+import {
+  createEnvMekProvider,
+  createFileMekProvider,
+  loadMekPlugin,
+  type MekProvider,
+} from "../../lib/secrets/mek.js";
 import { parseHostPort } from "../../lib/net.js";
 import { runService } from "../../lib/service-main.js";
+import { openSqliteSecretStorage } from "./secrets/storage.js";
+import { openPostgresSecretStorage } from "./secrets/storage-postgres.js";
+import { createSecretStore } from "./secrets/store.js";
 import { createApiService } from "./service.js";
 import { openPostgresStore } from "./store/postgres.js";
 import { openSqliteStore } from "./store/sqlite.js";
 
-runService("api", async (config, logger) => {
-  let adminPublicKeyPem: string;
+function readKey(file: string, key: string, how: string): string {
   try {
-    adminPublicKeyPem = readFileSync(config.auth.adminPublicKeyFile, "utf8");
+    return readFileSync(file, "utf8");
   } catch {
-    throw new Error(
-      `cannot read the admin public key at ${config.auth.adminPublicKeyFile}; the stack creates it on first start, or set auth.adminPublicKeyFile`,
+    throw new Error(`cannot read ${how} at ${file}; the stack creates it on first start, or set ${key}`);
+  }
+}
+
+async function mekProvider(config: Config, logger: Logger): Promise<MekProvider> {
+  const m = config.secrets.mek;
+  switch (m.provider) {
+    case "file":
+      return createFileMekProvider(m.file, logger);
+    case "env":
+      return createEnvMekProvider(m.envVariable, process.env[m.envVariable]);
+    case "plugin":
+      return loadMekPlugin(m.plugin, { env: process.env, logger });
+  }
+}
+
+runService("api", async (config, logger) => {
+  const adminPublicKeyPem = readKey(
+    config.auth.adminPublicKeyFile,
+    "auth.adminPublicKeyFile",
+    "the admin public key",
+  );
+  // The issuer's key is read only while the issuer is on: turned off, the API does not know it,
+  // and the tokens the issuer signed are refused.
+  let adminIssuerPublicKeyPem: string | undefined;
+  if (config.adminIssuerProxy.enabled) {
+    adminIssuerPublicKeyPem = readKey(
+      config.adminIssuerProxy.publicKeyFile,
+      "adminIssuerProxy.publicKeyFile",
+      "the admin token issuer's public key",
     );
+    if (samePublicKey(adminIssuerPublicKeyPem, adminPublicKeyPem))
+      throw new Error(
+        `adminIssuerProxy.publicKeyFile (${config.adminIssuerProxy.publicKeyFile}) holds the same key as auth.adminPublicKeyFile: the issuer needs a key pair of its own, or turning it off could not withdraw its tokens`,
+      );
   }
   const serviceTokens: Partial<Record<ServiceName, string>> = {};
   for (const name of Object.keys(SERVICE_SCOPES) as ServiceName[]) {
@@ -27,23 +70,55 @@ runService("api", async (config, logger) => {
     }
   }
   const db = config.api.database;
-  const store =
+  const postgres =
     db.driver === "postgres"
       ? await openPostgresStore({ url: db.url, maxConnections: db.maxConnections })
-      : openSqliteStore(db.path);
+      : undefined;
+  const sqlite = postgres ? undefined : openSqliteStore(db.path);
+  const store = (postgres ?? sqlite)!;
+  const registry = createRegistry("api");
+  const m = config.secrets.mek;
+  const secrets = createSecretStore({
+    storage: postgres ? await openPostgresSecretStorage(postgres.pool) : openSqliteSecretStorage(sqlite!.db),
+    provider: await mekProvider(config, logger),
+    refreshMs: m.refreshSeconds * 1000,
+    rotationGraceMs: m.rotationGraceSeconds * 1000,
+    nekCache: {
+      maxEntries: config.secrets.nekCache.maxEntries,
+      ttlMs: config.secrets.nekCache.ttlSeconds * 1000,
+      outageMs: config.secrets.nekCache.outageSeconds * 1000,
+    },
+    maxNekEncryptions: config.secrets.nek.maxEncryptions,
+    logger,
+    registry,
+  });
+  try {
+    await secrets.start();
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
   const api = createApiService({
     listen: parseHostPort(config.api.listen),
     store,
     adminPublicKeyPem,
+    adminIssuerPublicKeyPem,
+    adminIssuer: {
+      enabled: config.adminIssuerProxy.enabled,
+      gatewayEnabled: config.adminIssuerProxy.gateway.enabled,
+    },
+    secrets,
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
     logger,
+    registry,
   });
   const url = await api.listen();
   return {
     urls: { api: url.origin },
     async close(graceMs) {
       await api.close(graceMs);
+      await secrets.close();
       await store.close();
     },
     destroy: () => api.destroy(),

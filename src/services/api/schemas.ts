@@ -4,13 +4,13 @@
 import { z } from "zod";
 import { CallplaneError } from "../../lib/errors.js";
 import { SCOPES } from "../../lib/auth.js";
+import { secretList } from "./secrets/routes.js";
 
 const NOT_SUPPORTED = [
   "models",
   "helmChart",
   "helmChartServiceName",
   "resources",
-  "secrets",
   "rateLimit",
   "llmInvocationConfig",
   "telemetries",
@@ -63,7 +63,11 @@ export const functionName = z
     "must start with a letter or digit and hold only letters, digits, _ and -",
   );
 
-export const createFunctionSchema = z.strictObject({ name: functionName, ...functionFields });
+export const createFunctionSchema = z.strictObject({
+  name: functionName,
+  ...functionFields,
+  secrets: secretList.optional(),
+});
 export type CreateFunctionBody = z.infer<typeof createFunctionSchema>;
 
 export const updateFunctionSchema = z.strictObject({

@@ -3,8 +3,10 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import {
+  ADMIN_ISSUER,
   API_KEY_DEFAULT_SCOPES,
   SERVICE_SCOPES,
+  STACK_ADMIN_ISSUER,
   constantTimeEqualHex,
   createAdminTokenVerifier,
   looksLikeJwt,
@@ -26,6 +28,8 @@ import {
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net.js";
+import { addSecretRoutes, checkVersionLimit } from "./secrets/routes.js";
+import type { SecretStore, SecretValue } from "./secrets/store.js";
 import {
   createFunctionSchema,
   createKeySchema,
@@ -48,7 +52,17 @@ import { z } from "zod";
 export interface ApiServiceOptions {
   listen: HostPort;
   store: Store;
+  /** The stack's admin key (auth.adminPublicKeyFile): tokens with `iss` callplane-admin. */
   adminPublicKeyPem: string;
+  /**
+   * The admin token issuer's own key (adminIssuerProxy.publicKeyFile), given only while the issuer
+   * is enabled: without it, tokens the issuer signed (`iss` callplane-admin-issuer) are refused.
+   */
+  adminIssuerPublicKeyPem?: string | undefined;
+  /** What `GET /v1/info` says about the issuer (adminIssuerProxy.enabled, .gateway.enabled). */
+  adminIssuer?: { enabled: boolean; gatewayEnabled: boolean };
+  /** The envelope-encrypted secret store; without it, secret endpoints answer 503. */
+  secrets?: SecretStore | undefined;
   /** Token values of callplane's own services, by service. */
   serviceTokens: Partial<Record<ServiceName, string>>;
   maxBodyBytes?: number;
@@ -102,6 +116,7 @@ function functionDto(
   v: FunctionVersionRecord,
   deployment: DeploymentRecord | undefined,
   instances: InstanceRecord[],
+  secretNames: string[] = [],
 ) {
   const s = v.spec;
   return {
@@ -123,6 +138,8 @@ function functionDto(
     ...(s.description !== undefined ? { description: s.description } : {}),
     createdAt: v.createdAt,
     activeInstances: instances.filter((i) => i.status !== "TERMINATED").map(instanceDto),
+    // names only, as NVCF's FunctionDto: values never leave the secret store here
+    secrets: secretNames,
   };
 }
 
@@ -208,7 +225,25 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     name: name as ServiceName,
     hash: sha256Hex(token),
   }));
-  const verifierPromise = createAdminTokenVerifier(opts.adminPublicKeyPem);
+  const issuerOn = opts.adminIssuerPublicKeyPem !== undefined;
+  const verifierPromise = createAdminTokenVerifier(
+    [
+      { issuer: STACK_ADMIN_ISSUER, publicKeyPem: opts.adminPublicKeyPem },
+      ...(issuerOn ? [{ issuer: ADMIN_ISSUER, publicKeyPem: opts.adminIssuerPublicKeyPem! }] : []),
+    ],
+    issuerOn
+      ? {}
+      : {
+          [ADMIN_ISSUER]:
+            "this admin token comes from the admin token issuer, which is turned off (adminIssuerProxy.enabled: false), so the API no longer accepts its tokens; " +
+            "use a token from your identity provider (CALLPLANE_TOKEN, or `token:` in the CLI config file), or mint one with `callplane admin token`",
+        },
+  );
+  const secrets = opts.secrets;
+  const secretStore = (): SecretStore => {
+    if (!secrets) throw new CallplaneError("UNAVAILABLE", "this API runs without a secret store");
+    return secrets;
+  };
   // Avoid an unhandled rejection before the first request if the key is bad; listen() awaits it too.
   verifierPromise.catch(() => undefined);
 
@@ -255,12 +290,15 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     return p;
   }
 
-  async function requireAdmin(req: IncomingMessage): Promise<Principal & { kind: "admin" }> {
+  async function requireAdmin(
+    req: IncomingMessage,
+    what = "managing API keys",
+  ): Promise<Principal & { kind: "admin" }> {
     const p = await authenticate(req);
     if (p.kind !== "admin") {
       throw new CallplaneError(
         "FORBIDDEN_SCOPE",
-        "managing API keys needs an admin token (from `callplane init` or the admin issuer), not an API key",
+        `${what} needs an admin token (from \`callplane init\` or the admin issuer), not an API key`,
         {
           extra: { requiredScope: "admin token" },
         },
@@ -279,24 +317,52 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     throw new CallplaneError("VERSION_NOT_FOUND", `function ${fid} has no version ${vid}`);
   }
 
+  const secretNames = async (versionIds?: string[]) =>
+    secrets ? await secrets.names(versionIds) : new Map<string, string[]>();
+
   async function versionDtos(versions: FunctionVersionRecord[]) {
-    const [deployments, instances] = await Promise.all([store.listDeployments(), store.listInstances()]);
+    const [deployments, instances, names] = await Promise.all([
+      store.listDeployments(),
+      store.listInstances(),
+      secretNames(versions.map((v) => v.versionId)),
+    ]);
     const byVersion = new Map(deployments.map((d) => [d.versionId, d]));
     return versions.map((v) =>
       functionDto(
         v,
         byVersion.get(v.versionId),
         instances.filter((i) => i.versionId === v.versionId),
+        names.get(v.versionId),
       ),
     );
   }
 
   async function oneDto(v: FunctionVersionRecord) {
-    const [d, instances] = await Promise.all([
+    const [d, instances, names] = await Promise.all([
       store.getDeployment(v.functionId, v.versionId),
       store.listInstances(v.versionId),
+      secretNames([v.versionId]),
     ]);
-    return functionDto(v, d, instances);
+    return functionDto(v, d, instances, names.get(v.versionId));
+  }
+
+  /** Stores the secrets a create request carried; on failure, removes what the request created. */
+  async function storeInitialSecrets(
+    v: FunctionVersionRecord,
+    list: Array<{ name: string; value: SecretValue }> | undefined,
+    undo: () => Promise<unknown>,
+  ): Promise<void> {
+    if (!list?.length) return;
+    try {
+      const s = secretStore();
+      await checkVersionLimit(s, v.versionId, list);
+      await s.put(v, list);
+    } catch (err) {
+      await undo().catch((e: unknown) =>
+        logger.error({ err: e, versionId: v.versionId }, "could not remove a version whose secrets failed"),
+      );
+      throw err;
+    }
   }
 
   async function deploymentDto(d: DeploymentRecord) {
@@ -328,11 +394,13 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
 
   const router = new Router();
   const json = (req: IncomingMessage) => readJson(req, limit);
+  const sensitiveJson = (req: IncomingMessage) => readJson(req, limit, { sensitive: true });
 
   // ---- functions and versions (contract §5.1)
   router.add("POST", "/v2/nvcf/functions", async ({ req, res }) => {
     await authorize(req, "register_function");
-    const body = parseBody(createFunctionSchema, await json(req));
+    const body = parseBody(createFunctionSchema, await sensitiveJson(req));
+    if (body.secrets?.length) secretStore();
     if (await store.getFunctionByName(body.name)) {
       throw new CallplaneError(
         "FUNCTION_NAME_TAKEN",
@@ -357,6 +425,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
       }
       throw err;
     }
+    await storeInitialSecrets(v, body.secrets, () => store.deleteVersion(v.functionId, v.versionId));
     logger.info({ functionId: v.functionId, versionId: v.versionId, name: v.name }, "function created");
     sendJson(res, 200, { function: await oneDto(v) });
   });
@@ -364,7 +433,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   router.add("POST", "/v2/nvcf/functions/:fid/versions", async ({ req, res, params }) => {
     await authorize(req, "register_function");
     checkUuid(params.fid, "FUNCTION_NOT_FOUND", "function id");
-    const body = parseBody(createFunctionSchema, await json(req));
+    const body = parseBody(createFunctionSchema, await sensitiveJson(req));
+    if (body.secrets?.length) secretStore();
     const existing = await store.listVersions(params.fid);
     if (existing.length === 0)
       throw new CallplaneError("FUNCTION_NOT_FOUND", `no function with id ${params.fid}`);
@@ -386,6 +456,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
       createdAt: new Date().toISOString(),
     };
     await store.createVersion(v);
+    await storeInitialSecrets(v, body.secrets, () => store.deleteVersion(v.functionId, v.versionId));
     logger.info({ functionId: v.functionId, versionId: v.versionId }, "function version created");
     sendJson(res, 200, { function: await oneDto(v) });
   });
@@ -451,6 +522,12 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     }
     if (r === "not-found")
       throw new CallplaneError("VERSION_NOT_FOUND", `function ${params.fid} has no version ${params.vid}`);
+    if (secrets) {
+      // the function's last version takes the function, and with it the function's NEK
+      if (await store.functionExists(params.fid))
+        await secrets.removeVersion({ functionId: params.fid, versionId: params.vid });
+      else await secrets.removeFunction(params.fid);
+    }
     logger.info({ functionId: params.fid, versionId: params.vid }, "function version deleted");
     res.writeHead(204).end();
   });
@@ -644,10 +721,20 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   router.add("GET", "/v1/internal/deployments", async ({ req, res }) => {
     await authorize(req, "internal:deployments");
     const deployments = await store.listDeployments();
+    const revisions = secrets ? await secrets.revisions() : new Map<string, number>();
     const out = [];
     for (const d of deployments) {
       const v = await store.getVersion(d.functionId, d.versionId);
-      if (v) out.push({ ...d, name: v.name, ncaId: v.ncaId, spec: v.spec });
+      // the revision changes whenever a secret of the version is written or deleted, so the
+      // compute agent knows when to refresh the secrets of running instances
+      if (v)
+        out.push({
+          ...d,
+          name: v.name,
+          ncaId: v.ncaId,
+          spec: v.spec,
+          secretsRevision: revisions.get(d.versionId) ?? 0,
+        });
     }
     sendJson(res, 200, { deployments: out });
   });
@@ -657,6 +744,34 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     const body = parseBody(instanceReportSchema, await json(req));
     await store.reportInstances(body.reporter, body.instances);
     res.writeHead(204).end();
+  });
+
+  // ---- secrets (contract §5.3) and their keys
+  if (secrets) {
+    addSecretRoutes({
+      router,
+      store: secrets,
+      authorize,
+      requireAdmin,
+      loadVersion,
+      readSensitiveJson: sensitiveJson,
+      readJson: json,
+      parse: parseBody,
+      logger,
+    });
+  }
+
+  // ---- what a client may know before it has a token: is there an admin token issuer to ask?
+  router.add("GET", "/v1/info", ({ res }) => {
+    sendJson(res, 200, {
+      service: "callplane-api",
+      adminIssuer: {
+        enabled: opts.adminIssuer?.enabled ?? issuerOn,
+        gatewayEnabled: (opts.adminIssuer?.enabled ?? issuerOn) && (opts.adminIssuer?.gatewayEnabled ?? true),
+        tokensAccepted: issuerOn,
+      },
+      secrets: secrets !== undefined,
+    });
   });
 
   // bodies here are small JSON documents: a client that stops sending is cut off after 60 s

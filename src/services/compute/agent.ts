@@ -1,12 +1,14 @@
 // The compute agent: reads the desired deployments from the control plane, keeps that many
 // instances of each running (here, with the local backend), and reports their status back so that
 // `callplane deploy get` shows them. It calls the API with its own service credential.
+import { rmSync } from "node:fs";
 import { request } from "undici";
 import { Router, createHttpService } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
 import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
 import { LocalInstance, type DesiredDeployment, type InstanceEnvironment } from "./local.js";
+import { prepareSecretsRoot, type FetchedSecrets } from "./secrets.js";
 
 export interface ComputeAgentOptions {
   listen: HostPort;
@@ -16,6 +18,11 @@ export interface ComputeAgentOptions {
   syncIntervalMs: number;
   reporter: string;
   instanceEnv: InstanceEnvironment;
+  /**
+   * Where instances get their secrets (compute.secrets): each instance a folder under `root`.
+   * Without it, instances get no secrets.
+   */
+  secrets?: { root: string; env: boolean };
   logger?: Logger;
   registry?: Registry;
 }
@@ -53,6 +60,28 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     if (res.statusCode >= 300)
       throw new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`);
     return text ? (JSON.parse(text) as unknown) : undefined;
+  };
+
+  const instanceEnv: InstanceEnvironment = opts.secrets
+    ? {
+        ...opts.instanceEnv,
+        secrets: {
+          root: opts.secrets.root,
+          env: opts.secrets.env,
+          fetch: async (fid, vid) =>
+            (await api("GET", `/v1/internal/secrets/functions/${fid}/versions/${vid}`)) as FetchedSecrets,
+        },
+      }
+    : opts.instanceEnv;
+
+  /** The agent's own secrets folder (stack-<hash>) goes with it; each instance removed its own. */
+  const removeSecretsRoot = () => {
+    if (!opts.secrets) return;
+    try {
+      rmSync(opts.secrets.root, { recursive: true, force: true });
+    } catch {
+      // removed at the next start
+    }
   };
 
   // Instances being stopped still hold their address until their processes exit.
@@ -138,7 +167,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       instances.set(d.deploymentId, list);
       while (list.length < target) {
         const slot = freeSlot();
-        const inst = new LocalInstance(d, slot, cidrHost(network, slot), opts.instanceEnv, logger, changed);
+        const inst = new LocalInstance(d, slot, cidrHost(network, slot), instanceEnv, logger, changed);
         list.push(inst);
         logger.info({ function: d.name, instanceId: inst.instanceId, host: inst.host }, "starting instance");
         inst.start();
@@ -147,6 +176,8 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
         const inst = list.pop()!;
         stops.push(stopInstance(inst));
       }
+      // a secret of the version changed: running instances get the new file
+      for (const inst of list) inst.refreshSecrets(d.secretsRevision ?? 0);
     }
     await Promise.all(stops);
     await report();
@@ -176,6 +207,14 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
   });
   return {
     async listen() {
+      if (opts.secrets) {
+        const n = prepareSecretsRoot(opts.secrets.root);
+        if (n)
+          logger.info(
+            { folders: n, root: opts.secrets.root },
+            "removed secrets folders left by an earlier run",
+          );
+      }
       const url = await http.listen();
       tick();
       return url;
@@ -189,6 +228,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       instances.clear();
       await Promise.all(all.map((i) => i.stop()));
       terminated.push(...all);
+      removeSecretsRoot();
       await report().catch(() => undefined);
       await http.close(graceMs);
     },
@@ -197,6 +237,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       if (timer) clearTimeout(timer);
       // instances still draining after a scale-down are killed too, not left to their grace timer
       for (const i of [...[...instances.values()].flat(), ...stopping]) i.killNow();
+      removeSecretsRoot();
       http.destroy();
     },
   };

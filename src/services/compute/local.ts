@@ -11,6 +11,7 @@ import { request } from "undici";
 import type { Logger } from "../../lib/log.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
 import type { InstanceStatus } from "../api/store/types.js";
+import { InstanceSecrets, type InstanceSecretsConfig } from "./secrets.js";
 
 const distRoot = join(fileURLToPath(import.meta.url), "..", "..", "..", "..");
 export const EXAMPLE_IMAGES = [
@@ -43,6 +44,8 @@ export interface DesiredDeployment {
     containerEnvironment: Array<{ key: string; value: string }>;
     health: { protocol: string; uri: string; port: number; timeout: string; expectedStatusCode: number };
   };
+  /** Changes whenever a secret of the version is written or deleted; 0: it has none. */
+  secretsRevision?: number;
 }
 
 export interface InstanceEnvironment {
@@ -60,16 +63,21 @@ export interface InstanceEnvironment {
   logLevel: string;
   /** Extra environment for workers (callback proxy CA, static name map). */
   workerExtraEnv: Record<string, string>;
+  /** Where and how instances get their function's secrets; without it, they get none. */
+  secrets?: InstanceSecretsConfig;
 }
 
 /** The command that runs a function's inference server on the local backend, or why there is none. */
 export function inferenceCommand(
   d: DesiredDeployment,
   host: string,
+  secretsEnv: Record<string, string> = {},
 ): { command: string; args: string[]; env: Record<string, string> } | { error: string } {
   const image = d.spec.containerImage;
   const env: Record<string, string> = { INFERENCE_HOST: host, INFERENCE_PORT: String(d.spec.inferencePort) };
   for (const { key, value } of d.spec.containerEnvironment) env[key] = value;
+  // secrets (and where their file is) after the function's own environment: they win
+  Object.assign(env, secretsEnv);
   if ((EXAMPLE_IMAGES as readonly string[]).includes(image)) {
     return {
       command: process.execPath,
@@ -114,6 +122,10 @@ export class LocalInstance {
   private inference: SupervisedChild | undefined;
   private worker: SupervisedChild | undefined;
   private recovery: AbortController | undefined;
+  private stopped = false;
+  private secrets: InstanceSecrets | undefined;
+  private refreshing: Promise<void> | undefined;
+  private wantedRevision = 0;
 
   constructor(
     readonly deployment: DesiredDeployment,
@@ -137,9 +149,97 @@ export class LocalInstance {
     this.onChange();
   }
 
+  /** The revision of the secrets this instance's file holds (-1: none written yet). */
+  get secretsRevision(): number {
+    return this.secrets?.revision ?? -1;
+  }
+
+  /**
+   * Writes the function's secrets into the instance's own folder before its server starts. Until
+   * the API answers, the instance stays STARTING (and says why); it is never started without them.
+   */
+  private async prepareSecrets(): Promise<Record<string, string>> {
+    const cfg = this.env.secrets;
+    if (!cfg) return {};
+    const s = new InstanceSecrets(cfg, this.instanceId);
+    this.secrets = s;
+    this.wantedRevision = this.deployment.secretsRevision ?? 0;
+    let delay = 500;
+    while (!this.stopped) {
+      try {
+        const fetched =
+          this.wantedRevision === 0
+            ? { revision: 0, values: {}, unreadable: [] }
+            : await cfg.fetch(this.deployment.functionId, this.deployment.versionId);
+        this.reportUnreadable(fetched.unreadable);
+        s.write(fetched);
+        if (this.message?.startsWith("waiting for")) this.set("STARTING");
+        return s.env();
+      } catch (err) {
+        this.set(
+          "STARTING",
+          `waiting for the API to give the instance its secrets: ${(err as Error).message}`,
+        );
+        await sleep(delay);
+        delay = Math.min(delay * 2, 10_000);
+      }
+    }
+    return {};
+  }
+
+  private reportUnreadable(list: Array<{ name: string; code: string }>): void {
+    if (list.length)
+      this.logger.warn(
+        { instanceId: this.instanceId, function: this.deployment.name, secrets: list.map((u) => u.name) },
+        "some secrets of this version cannot be decrypted; the instance gets the others (see the API log)",
+      );
+  }
+
+  /** A secret of the version changed: rewrite the running instance's file (not its environment). */
+  refreshSecrets(revision: number): void {
+    const cfg = this.env.secrets;
+    if (!cfg || !this.secrets || this.stopped) return;
+    this.wantedRevision = revision;
+    if (this.refreshing || this.secrets.revision < 0 || this.secrets.revision === revision) return;
+    this.refreshing = (async () => {
+      try {
+        const fetched = await cfg.fetch(this.deployment.functionId, this.deployment.versionId);
+        if (this.stopped) return;
+        this.reportUnreadable(fetched.unreadable);
+        this.secrets!.write(fetched);
+        this.logger.info(
+          { instanceId: this.instanceId, function: this.deployment.name, revision: fetched.revision },
+          "secrets file refreshed",
+        );
+      } catch (err) {
+        this.logger.warn(
+          { instanceId: this.instanceId, err: (err as Error).message },
+          "could not refresh the instance's secrets; retrying at the next sync",
+        );
+      } finally {
+        this.refreshing = undefined;
+      }
+    })();
+  }
+
   start(): void {
+    const check = inferenceCommand(this.deployment, this.host);
+    if ("error" in check) {
+      this.set("ERRORED", check.error);
+      return;
+    }
+    void this.prepareSecrets()
+      .then((secretsEnv) => {
+        if (!this.stopped) this.launch(secretsEnv);
+      })
+      .catch((err: unknown) =>
+        this.set("ERRORED", `cannot write the instance's secrets: ${(err as Error).message}`),
+      );
+  }
+
+  private launch(secretsEnv: Record<string, string>): void {
     const d = this.deployment;
-    const cmd = inferenceCommand(d, this.host);
+    const cmd = inferenceCommand(d, this.host, secretsEnv);
     if ("error" in cmd) {
       this.set("ERRORED", cmd.error);
       return;
@@ -265,9 +365,12 @@ export class LocalInstance {
 
   /** Drains the worker (it finishes in-flight requests), then stops the inference server. */
   async stop(): Promise<void> {
+    this.stopped = true;
     this.recovery?.abort();
     await this.worker?.stop(this.env.stopGraceMs);
     await this.inference?.stop(this.env.stopGraceMs);
+    await this.refreshing;
+    this.secrets?.remove();
     this.set("TERMINATED");
   }
 
@@ -277,8 +380,14 @@ export class LocalInstance {
   }
 
   killNow(): void {
+    this.stopped = true;
     this.recovery?.abort();
     this.worker?.killNow();
     this.inference?.killNow();
+    try {
+      this.secrets?.remove();
+    } catch {
+      // the agent is going away; removeLeftovers() cleans up at its next start
+    }
   }
 }

@@ -7,6 +7,7 @@ import { readServiceToken } from "../../lib/auth.js";
 import { parseHostPort } from "../../lib/net.js";
 import { runService } from "../../lib/service-main.js";
 import { createComputeAgent } from "./agent.js";
+import { secretsRoot } from "./secrets.js";
 
 /**
  * What workers need to call back through the callback proxy on this machine: its name mapped to its
@@ -52,6 +53,10 @@ runService(
         },
         logLevel: config.log.level,
         workerExtraEnv: workerProxyEnv(config),
+      },
+      secrets: {
+        root: secretsRoot(config.global.dataDir, config.compute.secrets.dir),
+        env: config.compute.secrets.env,
       },
       logger,
     });
