@@ -15,19 +15,15 @@
 // Needs root, for the namespace; without it the test says so and skips.
 import assert from "node:assert/strict";
 import { randomBytes, randomUUID } from "node:crypto";
-import { mkdirSync, readFileSync, readdirSync } from "node:fs";
 import { createServer, type AddressInfo, type Server } from "node:net";
 import { join } from "node:path";
-import { spawn } from "node:child_process";
 import { test } from "node:test";
 import { jetstreamManager, type ConsumerInfo, type StreamInfo } from "@nats-io/jetstream";
-import { connect } from "@nats-io/transport-node";
 import { Agent, request } from "undici";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
 import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } from "../src/lib/pki.js";
 import { subjects } from "../src/lib/queue.js";
 import { waitFor } from "./testkit/client.js";
-import { startApi, tmpDir } from "./testkit/index.js";
+import { startApi, startNats, tmpDir } from "./testkit/index.js";
 import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "./testkit/netns.js";
 import { deployFunction } from "./testkit/plane.js";
 import {
@@ -37,8 +33,6 @@ import {
   startService,
   type ChildHandle,
 } from "./testkit/processes.js";
-
-type Ctx = Parameters<typeof startApi>[0];
 
 const REGION = "test";
 const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
@@ -122,38 +116,6 @@ async function freePort(hosts: string[]): Promise<number> {
   throw new Error(`no port free on all of ${hosts.join(", ")}`);
 }
 
-/** nats-server with JetStream on host (a port it picks), stopped when the test ends. */
-async function startNatsAt(t: Ctx, dir: string, host: string): Promise<{ url: string; port: number }> {
-  mkdirSync(dir, { recursive: true });
-  const files = writeNatsServerConfig(dir, { host, port: -1 }, { name: "two-networks" });
-  const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
-  let stderr = "";
-  child.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-16_384)));
-  const exited = new Promise((r) => child.once("exit", r));
-  t.after(async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    child.kill("SIGTERM");
-    const k = setTimeout(() => child.kill("SIGKILL"), 3000);
-    await exited;
-    clearTimeout(k);
-  });
-  const port = await waitFor(
-    "nats-server's ports file",
-    () => {
-      if (child.exitCode !== null) throw new Error(`nats-server exited: ${stderr}`);
-      const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
-      if (!f) return undefined;
-      const ports = JSON.parse(readFileSync(join(dir, f), "utf8")) as { nats: string[] };
-      return Number(new URL(ports.nats[0]).port) || undefined;
-    },
-    { timeoutMs: 10_000, intervalMs: 25 },
-  );
-  await waitForNats({ host, port });
-  return { url: `nats://${host}:${port}`, port };
-}
-
 function jsonLines(lines: string[]): Array<Record<string, unknown>> {
   const out: Array<Record<string, unknown>> = [];
   for (const l of lines) {
@@ -190,8 +152,8 @@ test(
 
     // --- the root namespace: nats-server and the proxy on the link's host address; the API,
     // the replicas on loopback ---
-    const nats = await startNatsAt(scope, join(dir, "nats"), ns.hostIp);
-    const api = await startApi(scope);
+    const nats = await startNats(scope, { dir: join(dir, "nats"), host: ns.hostIp, region: REGION });
+    const api = await startApi(scope, { nats, region: REGION });
     const fn = await deployFunction(api, `two-networks-${randomBytes(4).toString("hex")}`, {
       inferenceUrl: "/echo",
       concurrency: WORKER_CONCURRENCY,
@@ -216,7 +178,7 @@ test(
       CALLPLANE__GLOBAL__DATA_DIR: dir,
       CALLPLANE__GLOBAL__REGION: REGION,
       CALLPLANE__PKI__DIR: pkiDir,
-      CALLPLANE__NATS__URL: nats.url,
+      ...nats.serviceEnv(),
       CALLPLANE__API__URL: api.url,
       CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
       CALLPLANE__INVOCATION__PORT: "0",
@@ -318,7 +280,8 @@ test(
           `worker-${k}`,
           scripts.worker,
           {
-            NVCF_FQDN_NATS: `nats://${ns.hostIp}:${nats.port}`,
+            NVCF_FQDN_NATS: nats.url,
+            ...nats.workerNkeyEnv(),
             FUNCTION_ID: fn.functionId,
             FUNCTION_VERSION_ID: fn.versionId,
             FUNCTION_NAME: "two-networks",
@@ -344,7 +307,7 @@ test(
       assert.ok(inside.includes(w.pid), `${w.name} (pid ${w.pid}) runs inside ${ns.name}`);
 
     // the test's own view of the work queue
-    const nc = await connect({ servers: nats.url, name: "two-networks-test" });
+    const nc = await nats.observe("two-networks-test");
     scope.after(() => nc.close());
     const jsm = await jetstreamManager(nc);
     const stream = subjects.stream(REGION, fn.versionId);

@@ -67,8 +67,9 @@ export const API_KEY_DEFAULT_SCOPES: readonly Scope[] = [
 
 /** Internal scopes held only by callplane's own services. */
 export const SERVICE_SCOPES = {
-  invocation: ["internal:invocation-auth"],
-  compute: ["internal:deployments", "internal:instances"],
+  invocation: ["internal:invocation-auth", "internal:introspect"],
+  compute: ["internal:deployments", "internal:instances", "internal:identities"],
+  "nats-auth-callout": ["internal:nats-auth", "internal:introspect"],
 } as const satisfies Record<string, readonly string[]>;
 export type ServiceName = keyof typeof SERVICE_SCOPES;
 

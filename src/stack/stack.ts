@@ -8,7 +8,16 @@ import { fileURLToPath } from "node:url";
 import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib/auth.js";
 import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
 import type { Config } from "../lib/config.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
+import { createLogger } from "../lib/log.js";
+import { createRegistry } from "../lib/metrics.js";
+import { ensureNatsKeys } from "../lib/nats-auth.js";
+import {
+  natsServerBinary,
+  reloadNatsServer,
+  waitForNats,
+  writeNatsServerConfig,
+} from "../lib/nats-server.js";
+import { TlsReloader } from "../lib/tls-reload.js";
 import { parseHostPort, type HostPort } from "../lib/net.js";
 import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/supervise.js";
 import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";
@@ -127,13 +136,23 @@ export class LocalStack {
     if (keys.derivedPublicKey)
       this.opts.say(`wrote the admin public key from the signing key to ${config.auth.adminPublicKeyFile}`);
     ensureServiceTokens(config.auth.serviceTokenDir);
+    for (const f of ensureNatsKeys(config.nats.credentialsDir))
+      this.opts.say(`generated the NATS key ${f.slice(config.nats.credentialsDir.length + 1)}`);
+  }
+
+  /** The names and addresses clients reach nats-server at: its certificate covers each. */
+  natsNames(): string[] {
+    const { config } = this.opts;
+    const names = new Set<string>(["localhost"]);
+    names.add(new URL(config.nats.url.replace(/^(nats|tls):/, "http:")).hostname);
+    names.add(parseHostPort(config.nats.server.listen).host);
+    return [...names].filter((n) => n !== "0.0.0.0");
   }
 
   /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */
   async preparePki(replicaIps: string[]): Promise<void> {
     const { config } = this.opts;
     const p = config.workerCallbackProxy;
-    if (!p.enabled) return;
     const ca = await ensureCa({
       dir: config.pki.dir,
       caCertFile: config.pki.caCertFile,
@@ -146,10 +165,12 @@ export class LocalStack {
       pkiDir: config.pki.dir,
       serviceDomain: config.global.serviceDomain,
       workerDomain: p.workerDomain,
-      proxyEnabled: true,
+      proxyEnabled: p.enabled,
       upstreamTls: p.invocation.upstreamTls.enabled,
       frontendCertFile: p.tls.frontend.certFile,
       replicaIps,
+      natsNames: config.nats.server.enabled ? this.natsNames() : [],
+      natsCertFile: config.nats.tls.certFile,
     });
     for (const c of certs) {
       if ((await ensureServerCert(c.folder, ca, c.dnsNames)) === "issued")
@@ -188,7 +209,15 @@ export class LocalStack {
   async startNats(): Promise<string> {
     const { config } = this.opts;
     const listen = parseHostPort(config.nats.server.listen);
-    const files = writeNatsServerConfig(join(this.dataDir, "nats"), listen, { name: "callplane-local" });
+    const files = writeNatsServerConfig(join(this.dataDir, "nats"), listen, {
+      name: "callplane-local",
+      security: {
+        certFile: config.nats.tls.certFile,
+        keyFile: config.nats.tls.keyFile,
+        credentialsDir: config.nats.credentialsDir,
+        region: config.global.region,
+      },
+    });
     const bin = natsServerBinary(config.nats.server.binary || undefined);
     const child = this.track(
       new SupervisedChild({
@@ -203,8 +232,21 @@ export class LocalStack {
     await child.start();
     await waitForNats(listen);
     this.writePidFile();
-    return `nats://${listen.host}:${listen.port}`;
+    // a renewed certificate reaches nats-server without a restart: it re-reads it on SIGHUP
+    this.natsTls = new TlsReloader(
+      "nats-server",
+      { certFile: config.nats.tls.certFile, keyFile: config.nats.tls.keyFile },
+      () => {
+        if (child.pid) reloadNatsServer(child.pid);
+        this.opts.say("nats-server: certificate changed; told it to reload");
+      },
+      createLogger("stack", { destination: join(this.logDir, "stack.log") }),
+      createRegistry("stack", { defaultMetrics: false }),
+    );
+    return `tls://${listen.host}:${listen.port}`;
   }
+
+  private natsTls: TlsReloader | undefined;
 
   /** Starts one of callplane's own services (dist/src/services/<dir>/main.js) and waits for ready. */
   async startService(
@@ -241,6 +283,7 @@ export class LocalStack {
     if (this.stopping) return;
     this.stopping = true;
     rmSync(this.stackFile, { force: true });
+    this.natsTls?.close();
     // services first (they drain), nats-server last so that draining services can still use it
     const nats = this.children.filter((c) => c.spec.name === "nats-server");
     const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();

@@ -1,6 +1,9 @@
 import { readFileSync } from "node:fs";
 import { SERVICE_SCOPES, readServiceToken, type ServiceName } from "../../lib/auth.js";
+import { natsAccess, readWorkerSeed } from "../../lib/nats-auth.js";
 import { parseHostPort } from "../../lib/net.js";
+import { IdentitySigner, ensureIdentityKey, readIdentityKey } from "../../lib/worker-identity.js";
+import { openIdentityStore } from "./identity-store.js";
 import { runService } from "../../lib/service-main.js";
 import { createApiService } from "./service.js";
 import { openSqliteStore } from "./store/sqlite.js";
@@ -26,12 +29,33 @@ runService("api", async (config, logger) => {
     }
   }
   const store = openSqliteStore(config.api.database.path);
+  // the identity signing key is the API's alone: created here, used for nothing else
+  if (ensureIdentityKey(config.auth.workerIdentityKeyFile).created)
+    logger.info({ file: config.auth.workerIdentityKeyFile }, "generated the worker identity signing key");
+  const identities = openIdentityStore(config.api.database.path);
+  const workerAuth = config.nats.workerAuth;
   const api = createApiService({
     listen: parseHostPort(config.api.listen),
     store,
     adminPublicKeyPem,
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
+    workerTrust: {
+      region: config.global.region,
+      queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
+      nats: { app: natsAccess(config, "api"), sys: natsAccess(config, "api-revoker") },
+      workerAuth,
+      // token mode: the API does not hold the shared worker key at all, so it cannot hand it out
+      ...(workerAuth === "nkey" ? { workerNkeySeed: () => readWorkerSeed(config.nats.credentialsDir) } : {}),
+      identity: {
+        signer: new IdentitySigner(
+          readIdentityKey(config.auth.workerIdentityKeyFile),
+          config.compute.workerIdentity.clusterId,
+          config.compute.workerIdentity.tokenTtlSeconds,
+        ),
+        store: identities,
+      },
+    },
     logger,
   });
   const url = await api.listen();
@@ -40,6 +64,7 @@ runService("api", async (config, logger) => {
     async close(graceMs) {
       await api.close(graceMs);
       await store.close();
+      await identities.close();
     },
     destroy: () => api.destroy(),
   };

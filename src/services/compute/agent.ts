@@ -7,6 +7,7 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
 import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
 import { LocalInstance, type DesiredDeployment, type InstanceEnvironment } from "./local.js";
+import type { IdentityProvider, IssuedIdentity, TokenSource } from "./identity.js";
 
 export interface ComputeAgentOptions {
   listen: HostPort;
@@ -15,7 +16,9 @@ export interface ComputeAgentOptions {
   instanceNetwork: string;
   syncIntervalMs: number;
   reporter: string;
-  instanceEnv: InstanceEnvironment;
+  instanceEnv: Omit<InstanceEnvironment, "identity" | "workerNatsEnv">;
+  /** compute.workerIdentity.tokenSource, normalised ("" is the default source). */
+  tokenSource: TokenSource;
   logger?: Logger;
   registry?: Registry;
 }
@@ -38,7 +41,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
   let dirty = false;
   let lastSyncOk = false;
 
-  const api = async (method: "GET" | "PUT", path: string, body?: unknown) => {
+  const api = async (method: "GET" | "PUT" | "POST" | "DELETE", path: string, body?: unknown) => {
     const res = await request(new URL(path, opts.apiUrl), {
       method,
       headers: {
@@ -51,8 +54,36 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     });
     const text = await res.body.text();
     if (res.statusCode >= 300)
-      throw new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`);
+      throw Object.assign(new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`), {
+        statusCode: res.statusCode,
+      });
     return text ? (JSON.parse(text) as unknown) : undefined;
+  };
+
+  // the `api` token source: the control-plane API signs each instance's identity
+  const identity: IdentityProvider = {
+    source: opts.tokenSource,
+    async issue(i) {
+      return (await api("POST", `/v1/internal/instances/${i.instanceId}/identity`, {
+        functionId: i.functionId,
+        versionId: i.versionId,
+        deploymentId: i.deploymentId,
+      })) as IssuedIdentity;
+    },
+    async revoke(instanceId) {
+      try {
+        await api("DELETE", `/v1/internal/instances/${instanceId}/identity`);
+      } catch (err) {
+        // already gone: never issued, or revoked and forgotten
+        if ((err as { statusCode?: number }).statusCode !== 404) throw err;
+      }
+    },
+  };
+  let workerNatsEnv: Record<string, string> = {};
+  const instanceEnv: InstanceEnvironment = {
+    ...opts.instanceEnv,
+    identity,
+    workerNatsEnv: () => workerNatsEnv,
   };
 
   // Instances being stopped still hold their address until their processes exit.
@@ -110,6 +141,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
         backend: "local",
         location: i.host,
         ...(i.message ? { message: i.message.slice(0, 2000) } : {}),
+        ...(i.workerIdentifier ? { workerAuth: { workerIdentifier: i.workerIdentifier } } : {}),
         createdAt: i.createdAt,
         updatedAt: i.updatedAt,
       })),
@@ -117,9 +149,14 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
   }
 
   async function sync(): Promise<void> {
-    const { deployments } = (await api("GET", "/v1/internal/deployments")) as {
+    const desired = (await api("GET", "/v1/internal/deployments")) as {
       deployments: DesiredDeployment[];
+      workerNatsEnv?: Record<string, string>;
     };
+    const deployments = desired.deployments;
+    // instances started from now on get what the API says now (a mode switch reaches new workers
+    // only; running ones keep what they started with)
+    workerNatsEnv = desired.workerNatsEnv ?? {};
     lastSyncOk = true;
     const wanted = new Map(deployments.map((d) => [d.deploymentId, d]));
     const stops: Array<Promise<void>> = [];
@@ -138,7 +175,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
       instances.set(d.deploymentId, list);
       while (list.length < target) {
         const slot = freeSlot();
-        const inst = new LocalInstance(d, slot, cidrHost(network, slot), opts.instanceEnv, logger, changed);
+        const inst = new LocalInstance(d, slot, cidrHost(network, slot), instanceEnv, logger, changed);
         list.push(inst);
         logger.info({ function: d.name, instanceId: inst.instanceId, host: inst.host }, "starting instance");
         inst.start();

@@ -7,6 +7,7 @@ import { readServiceToken } from "../../lib/auth.js";
 import { parseHostPort } from "../../lib/net.js";
 import { runService } from "../../lib/service-main.js";
 import { createComputeAgent } from "./agent.js";
+import { tokenSource } from "./identity.js";
 
 /**
  * What workers need to call back through the callback proxy on this machine: its name mapped to its
@@ -52,7 +53,9 @@ runService(
         },
         logLevel: config.log.level,
         workerExtraEnv: workerProxyEnv(config),
+        natsCaPem: readFileSync(config.nats.tls.caFile, "utf8"),
       },
+      tokenSource: tokenSource(config.compute.workerIdentity.tokenSource),
       logger,
     });
     // Fix: an agent that dies (an uncaught error, a second stop signal) left its inference servers
