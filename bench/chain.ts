@@ -129,6 +129,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
         logFile: join(dir, "logs", `${label}.log`),
       },
     );
+  // the auth callout lets the workers' shared nkey in (as the stack runs it)
+  await service("nats-auth-callout", {});
   await service("api", { CALLPLANE__API__LISTEN: `127.0.0.1:${apiPort}` });
   const api = `http://127.0.0.1:${apiPort}`;
   const admin = (await (await createAdminTokenSigner(readFileSync(keyFile, "utf8"), 3600)).sign()).token;

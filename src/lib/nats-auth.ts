@@ -6,9 +6,10 @@
 //        connections of revoked workers.
 // No user sits outside an account and nothing is anonymous (the config shape CVE-2023-47090 asks
 // for: no top-level `authorization { users }` beside the accounts, `system_account` set, never
-// `no_auth_user`). callplane's services and the shared worker key are configured users that skip
-// the auth callout; every other login (a worker's own token, a stranger) goes to the callout, which
-// refuses what the API does not vouch for.
+// `no_auth_user`). callplane's services are configured users that skip the auth callout; every other
+// login goes to the callout: the shared worker nkey (checked against the key file, so rotating it
+// needs no change to nats-server's configuration, whose auth_callout block cannot be reloaded), a
+// worker's own token (checked by the API), or a stranger (refused).
 //
 // A service's grant is one row of SERVICE_ROLES: adding a service is adding a row (and passing
 // natsAccess(config, "<row>") to its factory). Each service replies on its own inbox prefix, so no
@@ -164,12 +165,11 @@ export function nkeyWorkerPermissions(region: string): Permissions {
   return {
     publish: {
       allow: ["$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.*.>"],
-      deny: [
-        `$JS.API.CONSUMER.*.KV_${REGISTRY_BUCKET}.>`,
-        `$JS.API.CONSUMER.*.KV_${pollBucket(region)}.>`,
-        `$JS.ACK.KV_${REGISTRY_BUCKET}.>`,
-        `$JS.ACK.KV_${pollBucket(region)}.>`,
-      ],
+      deny: [REGISTRY_BUCKET, pollBucket(region)].flatMap((b) => [
+        `$JS.API.CONSUMER.INFO.KV_${b}.*`,
+        `$JS.API.CONSUMER.MSG.NEXT.KV_${b}.*`,
+        `$JS.ACK.KV_${b}.>`,
+      ]),
     },
     subscribe: { allow: ["_INBOX_WK.>", "nvcf.cancel.*", "rq_polling.*.*"] },
     allowResponses: true,
@@ -213,6 +213,9 @@ export function ensureNatsKeys(dir: string): string[] {
   return created;
 }
 
+/** The NATS user of workers that log in with the shared worker nkey: named after the key. */
+export const nkeyWorkerUser = (publicKey: string) => `worker-nkey.${publicKey.slice(0, 12)}`;
+
 /** Replaces the shared worker nkey (after a switch to token mode, or when it may have leaked). */
 export function rotateWorkerKey(dir: string): { publicKey: string } {
   const seed = new TextDecoder().decode(createUser().getSeed());
@@ -254,6 +257,7 @@ function permissionsConf(p: Permissions): string {
  */
 export function natsServerAuthConfig(
   credentialsDir: string,
+  /** The region the grants name (the region-specific bucket names). */
   region: string,
   /** More configured users of APP (tests add an observer); without permissions, a user may do anything. */
   extraAppUsers: Array<{ nkey: string; permissions?: Permissions }> = [],
@@ -273,9 +277,6 @@ export function natsServerAuthConfig(
     users[def.account].push(`{ nkey: ${pub}, permissions: ${permissionsConf(def.permissions({ region }))} }`);
     bypass.push(pub);
   }
-  const worker = publicKeyOf(readWorkerSeed(credentialsDir));
-  users.APP.push(`{ nkey: ${worker}, permissions: ${permissionsConf(nkeyWorkerPermissions(region))} }`);
-  bypass.push(worker);
   const issuer = publicKeyOf(readCalloutIssuerSeed(credentialsDir));
   const block = (name: NatsAccount, extra = "") =>
     [`  ${name} {${extra}`, "    users: [", ...users[name].map((u) => `      ${u}`), "    ]", "  }"].join(

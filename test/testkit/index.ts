@@ -18,6 +18,8 @@ import { createUser } from "@nats-io/nkeys";
 import { connect, nkeyAuthenticator, type NatsConnection } from "@nats-io/transport-node";
 import {
   ensureNatsKeys,
+  publicKeyOf,
+  readCalloutIssuerSeed,
   readWorkerSeed,
   serviceNatsAccess,
   type NatsAccess,
@@ -26,6 +28,11 @@ import {
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats-server.js";
 import { IdentitySigner, ensureIdentityKey } from "../../src/lib/worker-identity.js";
 import { createAdminIssuer } from "../../src/services/admin-issuer/service.js";
+import {
+  createNatsAuthCallout,
+  type NatsAuthCalloutOptions,
+} from "../../src/services/nats-auth-callout/service.js";
+import { createLogger, silentLogger } from "../../src/lib/log.js";
 import { openIdentityStore } from "../../src/services/api/identity-store.js";
 import { createApiService } from "../../src/services/api/service.js";
 import { openSqliteStore } from "../../src/services/api/store/sqlite.js";
@@ -85,6 +92,11 @@ export interface Nats {
   serviceEnv(): Record<string, string>;
   /** Rewrites the configuration from the key files (after a key rotation) and signals a reload. */
   reload(): void;
+  /**
+   * Replaces the auth callout this server runs with (by default one in this process that knows
+   * the shared worker nkey and no webhook, as in nkey mode).
+   */
+  replaceCallout(plugins: NatsAuthCalloutOptions["plugins"], logFile?: string): Promise<void>;
 }
 
 /**
@@ -133,7 +145,10 @@ export async function startNats(
   });
   let stderr = "";
   child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  let callout: ReturnType<typeof createNatsAuthCallout> | undefined;
   const stop = async () => {
+    await callout?.close().catch(() => undefined);
+    callout = undefined;
     if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise((r) => child.once("exit", r));
     child.kill("SIGTERM");
@@ -163,7 +178,26 @@ export async function startNats(
   if (!port) throw new Error(`nats-server did not write its ports file: ${stderr}`);
   await waitForNats({ host, port });
   const url = `tls://${host}:${port}`;
+  const startCallout = async (plugins: NatsAuthCalloutOptions["plugins"], logFile?: string) => {
+    await callout?.close();
+    callout = createNatsAuthCallout({
+      nats: serviceNatsAccess({ url, caFile, credentialsDir, role: "nats-auth-callout" }),
+      issuerSeed: readCalloutIssuerSeed(credentialsDir),
+      plugins,
+      nkeyWorker: {
+        publicKey: () => publicKeyOf(readWorkerSeed(credentialsDir)),
+        region: opts.region ?? "test",
+      },
+      sampling: { initial: 0, thereafter: 1 },
+      logger: logFile
+        ? createLogger("nats-auth-callout", { destination: logFile, sync: true, level: "debug" })
+        : silentLogger(),
+    });
+    await callout.start();
+  };
+  await startCallout({});
   return {
+    replaceCallout: startCallout,
     url,
     host,
     port,

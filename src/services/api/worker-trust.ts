@@ -21,6 +21,7 @@ import {
   type NatsAccess,
   type Permissions,
 } from "../../lib/nats-auth.js";
+import { closeConnections } from "../../lib/nats-admin.js";
 import { WorkQueues, connectNats, type QueueLimits } from "../../lib/queue.js";
 import { workerIdentifier, type IdentitySigner, type VerifiedIdentity } from "../../lib/worker-identity.js";
 import type { IdentityStore } from "./identity-store.js";
@@ -111,30 +112,7 @@ export function createWorkerTrust(opts: WorkerTrustOptions, deps: Deps) {
   /** Closes every NATS connection that logged in with this instance's identity (token mode). */
   async function kick(instanceId: string): Promise<number> {
     if (!sys) return 0;
-    const suffix = `.${instanceId}`;
-    let kicked = 0;
-    for (let offset = 0; ;) {
-      const reply = await sys.request(
-        "$SYS.REQ.SERVER.PING.CONNZ",
-        JSON.stringify({ acc: NATS_ACCOUNTS.app, auth: true, offset, limit: 1024 }),
-        { timeout: 5000 },
-      );
-      const body = reply.json<{
-        server: { id: string };
-        data: { connections?: Array<{ cid: number; authorized_user?: string }>; total: number };
-      }>();
-      const conns = body.data.connections ?? [];
-      for (const c of conns) {
-        if (!c.authorized_user?.startsWith("worker-") || !c.authorized_user.endsWith(suffix)) continue;
-        await sys.request(`$SYS.REQ.SERVER.${body.server.id}.KICK`, JSON.stringify({ cid: c.cid }), {
-          timeout: 5000,
-        });
-        kicked++;
-      }
-      offset += conns.length;
-      if (conns.length === 0 || offset >= body.data.total) break;
-    }
-    return kicked;
+    return closeConnections(sys, (u) => u.startsWith("worker-") && u.endsWith(`.${instanceId}`));
   }
 
   async function revoke(instanceId: string, why: string): Promise<boolean> {

@@ -7,7 +7,7 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
 import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
 import { LocalInstance, type DesiredDeployment, type InstanceEnvironment } from "./local.js";
-import type { IdentityProvider, IssuedIdentity, TokenSource } from "./identity.js";
+import { identityProvider, type IdentityProvider, type TokenSource } from "./identity.js";
 
 export interface ComputeAgentOptions {
   listen: HostPort;
@@ -41,7 +41,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
   let dirty = false;
   let lastSyncOk = false;
 
-  const api = async (method: "GET" | "PUT" | "POST" | "DELETE", path: string, body?: unknown) => {
+  const api = async (method: "GET" | "PUT", path: string, body?: unknown) => {
     const res = await request(new URL(path, opts.apiUrl), {
       method,
       headers: {
@@ -54,31 +54,15 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     });
     const text = await res.body.text();
     if (res.statusCode >= 300)
-      throw Object.assign(new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`), {
-        statusCode: res.statusCode,
-      });
+      throw new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`);
     return text ? (JSON.parse(text) as unknown) : undefined;
   };
 
-  // the `api` token source: the control-plane API signs each instance's identity
-  const identity: IdentityProvider = {
-    source: opts.tokenSource,
-    async issue(i) {
-      return (await api("POST", `/v1/internal/instances/${i.instanceId}/identity`, {
-        functionId: i.functionId,
-        versionId: i.versionId,
-        deploymentId: i.deploymentId,
-      })) as IssuedIdentity;
-    },
-    async revoke(instanceId) {
-      try {
-        await api("DELETE", `/v1/internal/instances/${instanceId}/identity`);
-      } catch (err) {
-        // already gone: never issued, or revoked and forgotten
-        if ((err as { statusCode?: number }).statusCode !== 404) throw err;
-      }
-    },
-  };
+  // where each instance's identity comes from (the `api` source: the control-plane API signs it)
+  const identity: IdentityProvider = identityProvider(opts.tokenSource, {
+    apiUrl: opts.apiUrl,
+    serviceToken: opts.serviceToken,
+  });
   let workerNatsEnv: Record<string, string> = {};
   const instanceEnv: InstanceEnvironment = {
     ...opts.instanceEnv,

@@ -4,6 +4,7 @@
 // Undoing tolerates what is already gone (a missing file, an identity the API no longer knows).
 import { rmSync } from "node:fs";
 import { dirname, join } from "node:path";
+import { request } from "undici";
 import { writeFileAtomic } from "../../lib/auth.js";
 import type { Logger } from "../../lib/log.js";
 
@@ -35,6 +36,43 @@ export interface IdentityProvider {
   }): Promise<IssuedIdentity>;
   /** Revokes; an identity the API does not know counts as revoked. */
   revoke(instanceId: string): Promise<void>;
+}
+
+/** The `api` source: the control-plane API signs identities; the compute agent asks with its service token. */
+export function apiIdentityProvider(opts: { apiUrl: string; serviceToken: string }): IdentityProvider {
+  const call = async (method: "POST" | "DELETE", instanceId: string, body?: unknown) => {
+    const res = await request(new URL(`/v1/internal/instances/${instanceId}/identity`, opts.apiUrl), {
+      method,
+      headers: {
+        authorization: `Bearer ${opts.serviceToken}`,
+        ...(body ? { "content-type": "application/json" } : {}),
+      },
+      ...(body ? { body: JSON.stringify(body) } : {}),
+      headersTimeout: 10_000,
+      bodyTimeout: 10_000,
+    });
+    const text = await res.body.text();
+    return { status: res.statusCode, text };
+  };
+  return {
+    source: "api",
+    async issue(i) {
+      const r = await call("POST", i.instanceId, {
+        functionId: i.functionId,
+        versionId: i.versionId,
+        deploymentId: i.deploymentId,
+      });
+      if (r.status !== 200)
+        throw new Error(`the API refused the identity (${r.status}): ${r.text.slice(0, 300)}`);
+      return JSON.parse(r.text) as IssuedIdentity;
+    },
+    async revoke(instanceId) {
+      const r = await call("DELETE", instanceId);
+      // 404: never issued, or already forgotten; either way there is nothing left to revoke
+      if (r.status !== 200 && r.status !== 404)
+        throw new Error(`the API did not revoke the identity (${r.status}): ${r.text.slice(0, 300)}`);
+    },
+  };
 }
 
 export class InstanceIdentity {
@@ -117,8 +155,14 @@ export class InstanceIdentity {
   async cleanup(): Promise<void> {
     this.closed = true;
     if (this.timer) clearTimeout(this.timer);
-    rmSync(this.tokenFile, { force: true });
-    rmSync(dirname(this.tokenFile), { recursive: true, force: true });
+    for (const p of [this.tokenFile, dirname(this.tokenFile)]) {
+      try {
+        rmSync(p, { recursive: true, force: true });
+      } catch (err) {
+        // gone, or never was a folder (ENOTDIR): nothing of ours is left there
+        this.logger.debug({ path: p, err: (err as Error).message }, "nothing to remove");
+      }
+    }
     try {
       await this.provider.revoke(this.instance.instanceId);
     } catch (err) {
@@ -127,5 +171,16 @@ export class InstanceIdentity {
         "could not revoke the worker identity at the API; the instance's TERMINATED report revokes it",
       );
     }
+  }
+}
+
+/** The provider of a token source (one today; a Kubernetes backend would add projected tokens). */
+export function identityProvider(
+  source: TokenSource,
+  opts: { apiUrl: string; serviceToken: string },
+): IdentityProvider {
+  switch (source) {
+    case "api":
+      return apiIdentityProvider(opts);
   }
 }

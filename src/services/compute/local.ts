@@ -113,7 +113,11 @@ function canConnect(host: string, port: number, signal: AbortSignal): Promise<bo
 }
 
 export class LocalInstance {
-  readonly instanceId = randomUUID();
+  private id = randomUUID();
+  /** Its id; a start attempt after a failed one is a new instance with a new id (a revoked identity stays revoked). */
+  get instanceId(): string {
+    return this.id;
+  }
   status: InstanceStatus = "STARTING";
   message: string | undefined;
   readonly createdAt = new Date().toISOString();
@@ -208,6 +212,8 @@ export class LocalInstance {
         );
       }
       await sleep(delay, undefined, { signal }).catch(() => undefined);
+      if (signal.aborted) return;
+      this.id = randomUUID();
       delay = Math.min(delay * 2, this.env.restart.maxMs);
     }
   }

@@ -1,6 +1,12 @@
 import { readServiceToken } from "../../lib/auth.js";
 import { loadConfig } from "../../lib/config.js";
-import { NATS_ACCOUNTS, natsAccess, readCalloutIssuerSeed } from "../../lib/nats-auth.js";
+import {
+  NATS_ACCOUNTS,
+  natsAccess,
+  publicKeyOf,
+  readCalloutIssuerSeed,
+  readWorkerSeed,
+} from "../../lib/nats-auth.js";
 import { configFileFromArgs, runProcess } from "../../lib/service-main.js";
 import { createNatsAuthCallout, type WebhookPlugin } from "./service.js";
 
@@ -26,6 +32,11 @@ runProcess(
       nats: natsAccess(config, "nats-auth-callout"),
       issuerSeed: readCalloutIssuerSeed(config.nats.credentialsDir),
       plugins,
+      // read at every nkey login: `callplane nats rotate-worker-key` takes effect at once
+      nkeyWorker: {
+        publicKey: () => publicKeyOf(readWorkerSeed(config.nats.credentialsDir)),
+        region: config.global.region,
+      },
       sampling: config.natsAuthCalloutService.serviceConfig.logging.sampling,
       logger,
     });

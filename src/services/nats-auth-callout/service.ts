@@ -12,7 +12,13 @@ import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node"
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import type { Logger } from "../../lib/log.js";
-import { parseWorkerAuthToken, type NatsAccess } from "../../lib/nats-auth.js";
+import {
+  NATS_ACCOUNTS,
+  nkeyWorkerPermissions,
+  nkeyWorkerUser,
+  parseWorkerAuthToken,
+  type NatsAccess,
+} from "../../lib/nats-auth.js";
 import { connectNats } from "../../lib/queue.js";
 
 export interface WebhookPlugin {
@@ -30,6 +36,11 @@ export interface NatsAuthCalloutOptions {
   /** Plugins by account, then plugin name: token mode has { APP: { webhook } }, nkey mode none. */
   plugins: Record<string, Record<string, WebhookPlugin>>;
   logger: Logger;
+  /**
+   * The shared worker nkey (nkey logins work in both modes, as upstream's): its public key, read
+   * when asked so that a rotation takes effect at once, and the grants of the region.
+   */
+  nkeyWorker?: { publicKey: () => string; region: string };
   /** Per message: the first `initial` lines a second, then 1 in `thereafter`; initial 0 logs all. */
   sampling?: { initial: number; thereafter: number };
 }
@@ -135,12 +146,13 @@ export function createNatsAuthCallout(opts: NatsAuthCalloutOptions) {
   ): Promise<{ jwt: string; account: string; user: string }> {
     const token = req.connect_opts.auth_token;
     const client = { host: req.client_info.host, name: req.client_info.name, cid: req.client_info.id };
-    if (!token) {
-      const how = req.connect_opts.nkey
-        ? `an nkey (${req.connect_opts.nkey}) that is not a configured user`
-        : "no credentials";
-      throw new Refusal("denied", "Authentication denied", { cause: `the client sent ${how}`, client });
-    }
+    const nkey = req.connect_opts.nkey;
+    if (nkey && !token) return nkeyLogin(req, nkey, client);
+    if (!token)
+      throw new Refusal("denied", "Authentication denied", {
+        cause: "the client sent no credentials",
+        client,
+      });
     const env = parseWorkerAuthToken(token);
     if (!env)
       throw new Refusal("denied", "Authentication denied", {
@@ -185,6 +197,51 @@ export function createNatsAuthCallout(opts: NatsAuthCalloutOptions) {
     return { jwt, account: a.account, user: a.userId };
   }
 
+  /** The shared worker nkey: the signature over the server's nonce proves the seed; the key must be the current one. */
+  async function nkeyLogin(
+    req: AuthorizationRequest,
+    nkey: string,
+    client: Record<string, unknown>,
+  ): Promise<{ jwt: string; account: string; user: string }> {
+    const w = opts.nkeyWorker;
+    const current = w?.publicKey();
+    if (!w || nkey !== current)
+      throw new Refusal("denied", "Authentication denied", {
+        cause: `the client sent an nkey (${nkey}) that is neither a configured user nor the current worker key`,
+        client,
+      });
+    const nonce = req.client_info.nonce;
+    const sig = req.connect_opts.sig;
+    let good = false;
+    try {
+      good =
+        !!nonce &&
+        !!sig &&
+        fromPublic(nkey).verify(new TextEncoder().encode(nonce), Buffer.from(sig, "base64"));
+    } catch {
+      good = false;
+    }
+    if (!good)
+      throw new Refusal("denied", "Authentication denied", {
+        cause: "the worker key's signature over the server's nonce does not verify",
+        client,
+      });
+    const p = nkeyWorkerPermissions(w.region);
+    const user = nkeyWorkerUser(nkey);
+    const jwt = await encodeUser(
+      user,
+      fromPublic(req.user_nkey),
+      issuer,
+      {
+        pub: { allow: p.publish.allow, deny: p.publish.deny ?? [] },
+        sub: { allow: p.subscribe.allow, deny: p.subscribe.deny ?? [] },
+        resp: { max: 1, ttl: 0 },
+      },
+      { aud: NATS_ACCOUNTS.app },
+    );
+    return { jwt, account: NATS_ACCOUNTS.app, user };
+  }
+
   async function handle(m: Msg): Promise<void> {
     let req: AuthorizationRequest;
     try {
@@ -222,7 +279,9 @@ export function createNatsAuthCallout(opts: NatsAuthCalloutOptions) {
   return {
     async start(): Promise<void> {
       nc = await connectNats(opts.nats, "nats-auth-callout", logger);
+      // a queue group: several callout replicas answer each request once between them
       sub = nc.subscribe("$SYS.REQ.USER.AUTH", {
+        queue: "nats-auth-callout",
         callback: (err, m) => {
           if (err) return;
           const p = handle(m).catch((e: unknown) => logger.error({ err: e }, "auth callout failed"));
