@@ -2,7 +2,9 @@
 // namespace of their own whose only link reaches an address in the root namespace where NATS and the
 // worker callback proxy listen; the three invocation replicas listen on loopback addresses of the
 // root namespace (127.0.60.1-3), which the workers cannot reach. So every callback must go through
-// the proxy, which forwards it to the replica that holds the request.
+// the proxy, which forwards it to the replica that holds the request. NATS is the stack's: TLS, and
+// every worker authenticates (issue 10): one with the shared worker nkey, two with identity tokens of
+// their own through the auth callout (token mode), so both modes run end to end through the proxy.
 //
 // Thousands of invocations, spread over the three replicas, each with its own payload, each answer
 // checked by content. A third of the way through, replica 2 is SIGKILLed: the requests it held fail
@@ -24,6 +26,8 @@ import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } f
 import { subjects } from "../src/lib/queue.js";
 import { waitFor } from "./testkit/client.js";
 import { startApi, startNats, tmpDir } from "./testkit/index.js";
+import { issueIdentity, startCallout } from "./testkit/trust.js";
+import { writeFileAtomic } from "../src/lib/auth.js";
 import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "./testkit/netns.js";
 import { deployFunction } from "./testkit/plane.js";
 import {
@@ -153,7 +157,10 @@ test(
     // --- the root namespace: nats-server and the proxy on the link's host address; the API,
     // the replicas on loopback ---
     const nats = await startNats(scope, { dir: join(dir, "nats"), host: ns.hostIp, region: REGION });
-    const api = await startApi(scope, { nats, region: REGION });
+    // token mode: worker 0 logs in with the shared worker nkey (as a worker started before a switch
+    // would), workers 1 and 2 with identities of their own, checked by the API through the callout
+    const api = await startApi(scope, { nats, region: REGION, workerAuth: "token" });
+    const callout = await startCallout(scope, nats, api, "token");
     const fn = await deployFunction(api, `two-networks-${randomBytes(4).toString("hex")}`, {
       inferenceUrl: "/echo",
       concurrency: WORKER_CONCURRENCY,
@@ -274,6 +281,18 @@ test(
     for (let k = 0; k < WORKERS; k++) {
       const lines: string[] = [];
       workerLines.push(lines);
+      let natsEnv: Record<string, string> = nats.workerNkeyEnv();
+      if (k > 0) {
+        const id = await issueIdentity(api, fn, randomUUID());
+        const tokenFile = join(dir, `identity-${k}`, "token");
+        writeFileAtomic(tokenFile, id.token);
+        natsEnv = {
+          NVCF_TOKEN_FILE_PATH: tokenFile,
+          NVCF_NATS_ACCOUNT: "APP",
+          NVCF_NATS_CA_PEM: nats.pki.ca.certPem,
+          INSTANCE_ID: id.instanceId,
+        };
+      }
       workers.push(
         await startService(
           scope,
@@ -281,11 +300,11 @@ test(
           scripts.worker,
           {
             NVCF_FQDN_NATS: nats.url,
-            ...nats.workerNkeyEnv(),
             FUNCTION_ID: fn.functionId,
             FUNCTION_VERSION_ID: fn.versionId,
             FUNCTION_NAME: "two-networks",
             INSTANCE_ID: `two-networks-${k}`,
+            ...natsEnv,
             INFERENCE_HOST: "127.0.0.1",
             INFERENCE_PORT: "8000",
             INFERENCE_HEALTH_ENDPOINT: "/health",
@@ -302,6 +321,12 @@ test(
         ),
       );
     }
+    const logins = callout
+      .log()
+      .filter((l) => l.msg === "Authentication successful")
+      .map((l) => String(l.user));
+    assert.equal(logins.filter((u) => u.startsWith("worker-nkey.")).length, 1, logins.join(", "));
+    assert.equal(logins.filter((u) => u.startsWith(`worker-${fn.versionId}.`)).length, 2, logins.join(", "));
     const inside = await ns.pids();
     for (const w of [inference.process, ...workers])
       assert.ok(inside.includes(w.pid), `${w.name} (pid ${w.pid}) runs inside ${ns.name}`);

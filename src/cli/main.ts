@@ -8,6 +8,7 @@ import { registerFunction } from "./commands/function.js";
 import { registerInit } from "./commands/init.js";
 import { registerInvoke } from "./commands/invoke.js";
 import { registerKey } from "./commands/key.js";
+import { registerNats } from "./commands/nats.js";
 import { registerPki } from "./commands/pki.js";
 import { registerStatus } from "./commands/status.js";
 import { printJson, reportError } from "./output.js";
@@ -93,6 +94,7 @@ export function buildProgram(): Command {
   registerInvoke(program);
   registerAdmin(program);
   registerPki(program);
+  registerNats(program);
   configure(program, false);
   return program;
 }

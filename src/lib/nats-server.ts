@@ -78,6 +78,14 @@ export function writeNatsServerConfig(
   return { configFile, storeDir };
 }
 
+/** The names and addresses clients reach nats-server at (its certificate covers each). */
+export function natsCertNames(natsUrl: string, listen: string): string[] {
+  const names = new Set<string>(["localhost"]);
+  names.add(new URL(natsUrl.replace(/^(nats|tls):/, "http:")).hostname);
+  names.add(listen.slice(0, listen.lastIndexOf(":")));
+  return [...names].filter((n) => n !== "0.0.0.0" && n !== "");
+}
+
 /** Asks a running nats-server to re-read its configuration and certificates (SIGHUP). */
 export function reloadNatsServer(pid: number): void {
   process.kill(pid, "SIGHUP");

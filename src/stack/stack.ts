@@ -12,6 +12,7 @@ import { createLogger } from "../lib/log.js";
 import { createRegistry } from "../lib/metrics.js";
 import { ensureNatsKeys } from "../lib/nats-auth.js";
 import {
+  natsCertNames,
   natsServerBinary,
   reloadNatsServer,
   waitForNats,
@@ -140,15 +141,6 @@ export class LocalStack {
       this.opts.say(`generated the NATS key ${f.slice(config.nats.credentialsDir.length + 1)}`);
   }
 
-  /** The names and addresses clients reach nats-server at: its certificate covers each. */
-  natsNames(): string[] {
-    const { config } = this.opts;
-    const names = new Set<string>(["localhost"]);
-    names.add(new URL(config.nats.url.replace(/^(nats|tls):/, "http:")).hostname);
-    names.add(parseHostPort(config.nats.server.listen).host);
-    return [...names].filter((n) => n !== "0.0.0.0");
-  }
-
   /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */
   async preparePki(replicaIps: string[]): Promise<void> {
     const { config } = this.opts;
@@ -169,7 +161,7 @@ export class LocalStack {
       upstreamTls: p.invocation.upstreamTls.enabled,
       frontendCertFile: p.tls.frontend.certFile,
       replicaIps,
-      natsNames: config.nats.server.enabled ? this.natsNames() : [],
+      natsNames: config.nats.server.enabled ? natsCertNames(config.nats.url, config.nats.server.listen) : [],
       natsCertFile: config.nats.tls.certFile,
     });
     for (const c of certs) {
