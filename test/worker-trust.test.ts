@@ -3,7 +3,9 @@
 // when its instance goes. Permission violations are asserted on the errors NATS itself sends.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
-import { generateKeyPairSync } from "node:crypto";
+import { X509Certificate, generateKeyPairSync } from "node:crypto";
+import { connect as netConnect } from "node:net";
+import { connect as tlsConnect } from "node:tls";
 import { test } from "node:test";
 import { connect } from "@nats-io/transport-node";
 import { createUser } from "@nats-io/nkeys";
@@ -355,4 +357,48 @@ test("switching nkey → token on a running plane: old workers keep serving, new
   );
   for (const p of ["after-1", "after-2", "after-3"])
     assert.deepEqual(await invoke(p), { status: 200, body: p });
+});
+
+/** The serial number of the certificate nats-server presents now (TLS after its plain INFO line). */
+async function peerSerial(host: string, port: number, ca: string): Promise<string> {
+  const socket = netConnect(port, host);
+  await new Promise<void>((resolve, reject) => {
+    let seen = "";
+    socket.on("data", function onData(d: Buffer) {
+      seen += d.toString("latin1");
+      if (seen.includes("\r\n")) {
+        socket.off("data", onData);
+        resolve();
+      }
+    });
+    socket.once("error", reject);
+  });
+  const s = tlsConnect({ socket, ca, checkServerIdentity: () => undefined });
+  await new Promise<void>((resolve, reject) => {
+    s.once("secureConnect", () => resolve());
+    s.once("error", reject);
+  });
+  const serial = s.getPeerCertificate().serialNumber;
+  s.destroy();
+  return serial;
+}
+
+test("nats-server takes a renewed certificate without a restart (SIGHUP, as the stack sends when the file changes)", async (t) => {
+  const ctx = lifo(t);
+  const nats = await startNats(ctx);
+  const ca = nats.pki.ca.certPem;
+  const before = await peerSerial(nats.host, nats.port, ca);
+  const observer = await nats.observe();
+  const next = await nats.pki.issue([nats.host, "localhost"]);
+  writeFileAtomic(nats.keyFile, next.keyPem);
+  writeFileAtomic(nats.certFile, next.certPem, 0o644);
+  nats.process.kill("SIGHUP");
+  const after = await waitFor("the new certificate", async () => {
+    const s = await peerSerial(nats.host, nats.port, ca);
+    return s !== before ? s : undefined;
+  });
+  assert.equal(after.toLowerCase(), new X509Certificate(next.certPem).serialNumber.toLowerCase());
+  assert.equal(observer.isClosed(), false, "connections made before the reload stay up");
+  const fresh = await nats.observe("after-reload");
+  await fresh.flush();
 });

@@ -86,6 +86,21 @@ export async function connectNats(access: NatsAccess, name: string, logger: Logg
   return nc;
 }
 
+/**
+ * Drains a connection, but never waits longer than `ms`: with the server gone, the client keeps
+ * reconnecting and a drain would never end (nor let the process exit).
+ */
+export async function drainOrClose(nc: NatsConnection | undefined, ms = 2000): Promise<void> {
+  if (!nc || nc.isClosed()) return;
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    nc.drain().catch(() => undefined),
+    new Promise<void>((r) => (timer = setTimeout(r, ms))),
+  ]);
+  clearTimeout(timer);
+  if (!nc.isClosed()) await nc.close().catch(() => undefined);
+}
+
 /** Creates (once per process and version) the work-queue stream and its durable consumer. */
 export class WorkQueues {
   private readonly ensured = new Map<string, Promise<void>>();

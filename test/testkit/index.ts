@@ -244,7 +244,7 @@ export interface ApiFixture {
   identitySigner: IdentitySigner;
   identityKeyFile: string;
   /** Stops the API (a test that restarts it with other settings on the same folder and port). */
-  stop(): Promise<void>;
+  stop(how?: "close" | "destroy"): Promise<void>;
   dir: string;
   serviceToken(name: ServiceName): string;
   privateKeyFile: string;
@@ -313,14 +313,15 @@ export async function startApi(
   });
   const url = (await api.listen()).origin;
   let stopped = false;
-  const stop = async () => {
+  const stop = async (how: "close" | "destroy" = "close") => {
     if (stopped) return;
     stopped = true;
-    await api.close(1000);
+    if (how === "close") await api.close(1000);
+    else api.destroy();
     await store.close();
     await identities.close();
   };
-  t.after(stop);
+  t.after(() => stop("destroy"));
   // after the API and its store are closed
   if (own) t.after(() => removeDir(dir));
   const signer = await createAdminTokenSigner(readFileSync(privateKeyFile, "utf8"), 43_200);

@@ -22,7 +22,7 @@ import {
   type Permissions,
 } from "../../lib/nats-auth.js";
 import { closeConnections } from "../../lib/nats-admin.js";
-import { WorkQueues, connectNats, type QueueLimits } from "../../lib/queue.js";
+import { WorkQueues, connectNats, drainOrClose, type QueueLimits } from "../../lib/queue.js";
 import { workerIdentifier, type IdentitySigner, type VerifiedIdentity } from "../../lib/worker-identity.js";
 import type { IdentityStore } from "./identity-store.js";
 import { parseBody } from "./schemas.js";
@@ -315,7 +315,7 @@ export function createWorkerTrust(opts: WorkerTrustOptions, deps: Deps) {
       if (opts.nats.sys) sys = await connectNats(opts.nats.sys, "api-revoker", logger);
     },
     async close(): Promise<void> {
-      await Promise.all([app?.drain().catch(() => undefined), sys?.drain().catch(() => undefined)]);
+      await Promise.all([drainOrClose(app), drainOrClose(sys)]);
     },
     destroy(): void {
       void app?.close();

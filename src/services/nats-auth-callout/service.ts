@@ -19,7 +19,7 @@ import {
   parseWorkerAuthToken,
   type NatsAccess,
 } from "../../lib/nats-auth.js";
-import { connectNats } from "../../lib/queue.js";
+import { connectNats, drainOrClose } from "../../lib/queue.js";
 
 export interface WebhookPlugin {
   url: string;
@@ -57,11 +57,11 @@ interface WebhookAnswer {
 }
 
 /** Sampled logging, as the upstream service does it (zap's sampler): per message text, per second. */
-export function sampler(opts: { initial: number; thereafter: number }) {
+export function sampler(opts: { initial: number; thereafter: number }, now: () => number = Date.now) {
   const counts = new Map<string, { second: number; n: number }>();
   return (message: string): boolean => {
     if (opts.initial <= 0) return true;
-    const second = Math.floor(Date.now() / 1000);
+    const second = Math.floor(now() / 1000);
     let c = counts.get(message);
     if (!c || c.second !== second) {
       c = { second, n: 0 };
@@ -302,7 +302,7 @@ export function createNatsAuthCallout(opts: NatsAuthCalloutOptions) {
     async close(): Promise<void> {
       sub?.unsubscribe();
       await Promise.all([...inflight]);
-      await nc?.drain().catch(() => undefined);
+      await drainOrClose(nc);
     },
     destroy(): void {
       void nc?.close();
