@@ -1,6 +1,7 @@
 // Helpers for the worker-trust tests: the auth callout in this process (with its log in a file the
 // test reads), worker identities issued by the API as the compute agent asks for them, and NATS
 // connections made the way a worker (or an attacker holding a worker's credentials) makes them.
+import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { connect, nkeyAuthenticator, tokenAuthenticator, type NatsConnection } from "@nats-io/transport-node";
@@ -129,4 +130,36 @@ export async function connectWithNkey(
   });
   t.after(() => nc.close().catch(() => undefined));
   return watch(nc);
+}
+
+/**
+ * A client that does not speak TLS: reads INFO, sends CONNECT and PING in plain text, and returns
+ * what the server said until it closed the connection (a server that requires TLS never says PONG).
+ */
+export function plainClient(
+  host: string,
+  port: number,
+): Promise<{ tlsRequired: boolean; afterInfo: string }> {
+  return new Promise((resolve, reject) => {
+    const s = netConnect(port, host);
+    let out = "";
+    let sent = false;
+    const timer = setTimeout(() => {
+      s.destroy();
+      reject(new Error("nats-server neither answered nor closed the plain connection within 10 s"));
+    }, 10_000);
+    s.on("data", (d: Buffer) => {
+      out += d.toString("latin1");
+      if (!sent && out.includes("\r\n")) {
+        sent = true;
+        s.write('CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n');
+      }
+    });
+    s.once("error", () => undefined);
+    s.once("close", () => {
+      clearTimeout(timer);
+      const nl = out.indexOf("\r\n");
+      resolve({ tlsRequired: /"tls_required":true/.test(out.slice(0, nl)), afterInfo: out.slice(nl + 2) });
+    });
+  });
 }
