@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from "../src/lib/auth.js";
 import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
+import { ensureNatsKeys, readWorkerSeed } from "../src/lib/nats-auth.js";
 import { TLS_FILES, createCa, invocationCertFolder, issueServerCert } from "../src/lib/pki.js";
 import { freePort, start, waitHttp } from "./harness.js";
 
@@ -59,13 +60,30 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   ensureServiceTokens(join(dir, "secrets"));
   ensureKeyringFile(join(dir, "keys", "mek.json"));
   const natsPort = await freePort();
-  const natsCfg = writeNatsServerConfig(join(dir, "nats"), { host: "127.0.0.1", port: natsPort });
-  const nats = await start("nats-server", natsServerBinary(), ["-c", natsCfg.configFile], {});
-  await waitForNats({ host: "127.0.0.1", port: natsPort });
-
   // the stack CA, the proxy's frontend certificate and the proxy-path replica's pod certificate
   const pki = join(dir, "pki");
   const ca = await createCa("bench CA");
+  // nats-server as the stack runs it: TLS from the stack CA, every client with its own key
+  const credentialsDir = join(dir, "secrets", "nats");
+  ensureNatsKeys(credentialsDir);
+  const natsCert = await issueServerCert(ca, ["127.0.0.1", "localhost"]);
+  mkdirSync(join(pki, "nats"), { recursive: true });
+  writeFileSync(join(pki, "nats", TLS_FILES.cert), natsCert.certPem);
+  writeFileSync(join(pki, "nats", TLS_FILES.key), natsCert.keyPem, { mode: 0o600 });
+  const natsCfg = writeNatsServerConfig(
+    join(dir, "nats"),
+    { host: "127.0.0.1", port: natsPort },
+    {
+      security: {
+        certFile: join(pki, "nats", TLS_FILES.cert),
+        keyFile: join(pki, "nats", TLS_FILES.key),
+        credentialsDir,
+        region: "bench",
+      },
+    },
+  );
+  const nats = await start("nats-server", natsServerBinary(), ["-c", natsCfg.configFile], {});
+  await waitForNats({ host: "127.0.0.1", port: natsPort });
   const front = await issueServerCert(ca, [`*.${WORKER_DOMAIN}`, WORKER_DOMAIN]);
   mkdirSync(join(pki, "proxy"), { recursive: true });
   writeFileSync(join(pki, "ca.crt"), ca.certPem);
@@ -87,7 +105,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   const common: NodeJS.ProcessEnv = {
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__LOG__LEVEL: "warn",
-    CALLPLANE__NATS__URL: `nats://127.0.0.1:${natsPort}`,
+    CALLPLANE__NATS__URL: `tls://127.0.0.1:${natsPort}`,
     CALLPLANE__API__URL: `http://127.0.0.1:${apiPort}`,
     CALLPLANE__AUTH__ADMIN_SIGNING_KEY_FILE: keyFile,
     CALLPLANE__AUTH__ADMIN_PUBLIC_KEY_FILE: join(dir, "keys", "admin.pub.pem"),
@@ -115,6 +133,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
         logFile: join(dir, "logs", `${label}.log`),
       },
     );
+  // the auth callout lets the workers' shared nkey in (as the stack runs it)
+  await service("nats-auth-callout", {});
   await service("api", { CALLPLANE__API__LISTEN: `127.0.0.1:${apiPort}` });
   const api = `http://127.0.0.1:${apiPort}`;
   const admin = (await (await createAdminTokenSigner(readFileSync(keyFile, "utf8"), 3600)).sign()).token;
@@ -162,7 +182,9 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
         process.execPath,
         [join(dist, "src/services/worker/main.js")],
         {
-          NVCF_FQDN_NATS: `nats://127.0.0.1:${natsPort}`,
+          NVCF_FQDN_NATS: `tls://127.0.0.1:${natsPort}`,
+          NKEY_SEED: readWorkerSeed(credentialsDir),
+          NVCF_NATS_CA_FILE: join(pki, "ca.crt"),
           FUNCTION_ID: fn.id,
           FUNCTION_VERSION_ID: fn.versionId,
           INFERENCE_PORT: String(echoPort),

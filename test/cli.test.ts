@@ -101,6 +101,8 @@ test("--help works for the program and every noun and verb", async (t) => {
     ["invoke"],
     ["admin"],
     ["admin", "token"],
+    ["nats"],
+    ["nats", "rotate-worker-key"],
   ];
   for (const words of commands) {
     const r = await c.run([...words, "--help"]);

@@ -9,7 +9,6 @@ import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { connect } from "@nats-io/transport-node";
 import { waitFor as poll } from "./testkit/client.js";
 import { cmdline, descendants, lifo, running } from "./testkit/proc.js";
 import { cidrContains, parseCidr } from "../src/lib/net.js";
@@ -88,8 +87,12 @@ async function deployment(path: string, admin: string): Promise<DeploymentDto> {
 
 test("compute agent, local backend (in process)", async (t) => {
   const ctx = lifo(t);
-  const nats = await startNats(ctx);
-  const api = await startApi(ctx);
+  const nats = await startNats(ctx, { region: "local" });
+  const api = await startApi(ctx, {
+    nats,
+    region: "local",
+    queue: { maxMessages: 1000, maxMessageBytes: 1024 * 1024 },
+  });
   const admin = await api.adminToken();
   const dataDir = tmpDir(ctx, "callplane-compute-");
   const agent = createComputeAgent({
@@ -113,7 +116,9 @@ test("compute agent, local backend (in process)", async (t) => {
       restart: { initialMs: 500, maxMs: 2000 },
       logLevel: "warn",
       workerExtraEnv: {},
+      natsCaPem: nats.pki.ca.certPem,
     },
+    tokenSource: "api",
   });
   // the safety net when a subtest failed midway (the last subtest closes the agent)
   ctx.after(() => agent.destroy());
@@ -140,8 +145,8 @@ test("compute agent, local backend (in process)", async (t) => {
     for (const h of hosts) assert.ok(cidrContains(net, h), `${h} is in ${INSTANCE_NET}`);
     echoInstances = instancesOf(echo.vid);
     assert.equal(echoInstances.length, 2);
-    // the workers created the version's work queue with the limits the compute agent passed on
-    const nc = await connect({ servers: nats.url });
+    // the control plane (the API) created the version's work queue, with its limits
+    const nc = await nats.observe();
     try {
       const stream = await (await jetstreamManager(nc)).streams.info(`rq_local_${echo.vid}`);
       assert.equal(stream.config.max_msgs, 1000);
@@ -361,8 +366,8 @@ test("compute agent, local backend (in process)", async (t) => {
 
 test("compute agent as a process: main.js reads its token from auth.serviceTokenDir and stops its instances on SIGTERM", async (t) => {
   const ctx = lifo(t);
-  const nats = await startNats(ctx);
-  const api = await startApi(ctx);
+  const nats = await startNats(ctx, { region: "local" });
+  const api = await startApi(ctx, { nats, region: "local" });
   const admin = await api.adminToken();
   const dir = tmpDir(ctx, "callplane-compute-main-");
   const configFile = join(dir, "callplane.yaml");
@@ -375,6 +380,9 @@ test("compute agent as a process: main.js reads its token from auth.serviceToken
       "  level: warn",
       "nats:",
       `  url: ${nats.url}`,
+      `  credentialsDir: ${nats.credentialsDir}`,
+      "  tls:",
+      `    caFile: ${nats.caFile}`,
       "  server:",
       "    enabled: false",
       "api:",

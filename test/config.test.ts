@@ -318,3 +318,26 @@ test(
     assert.match(passed.stderr, /invocation failed to start/);
   },
 );
+
+test("nats.workerAuth is nkey or token; token mode needs a webhook URL; the URL is derived by default", () => {
+  const bad = problems({ nats: { workerAuth: "jwt" as never } });
+  assert.deepEqual(bad, ["nats.workerAuth: nats.workerAuth must be nkey or token"]);
+  const env = problems({}, { CALLPLANE__NATS__WORKER_AUTH: "oauth" });
+  assert.ok(env[0].includes("nats.workerAuth must be nkey or token"), env[0]);
+  const empty = problems({
+    nats: { workerAuth: "token", authCallout: { workerTokenAuth: { webhookUrl: "" } } },
+  });
+  assert.equal(empty.length, 1);
+  assertNames(empty[0], ["nats.workerAuth", "nats.authCallout.workerTokenAuth.webhookUrl"]);
+  const c = load({ nats: { workerAuth: "token" }, api: { url: "http://api.example:8080" } });
+  assert.equal(
+    c.nats.authCallout.workerTokenAuth.webhookUrl,
+    "http://api.example:8080/v2/nvcf/webhook/nats-auth",
+  );
+  assert.equal(load().nats.workerAuth, "nkey");
+  // nkey mode does not use the webhook: an empty one is not an error there
+  assert.doesNotThrow(() => load({ nats: { authCallout: { workerTokenAuth: { webhookUrl: "" } } } }));
+  // an empty token source is the default source
+  assert.equal(load().compute.workerIdentity.tokenSource, "");
+  assert.match(problems({ compute: { workerIdentity: { tokenSource: "off" as never } } })[0], /tokenSource/);
+});

@@ -238,8 +238,9 @@ test("a large chunked body streams both ways through the callback proxy with a s
 test("a large chunked body streams both ways through the replica relay with slow readers, in bounded memory", async (t) => {
   const scope = reverseScope(t);
   const dir = tmpDir(scope, "callplane-datapath-relay-");
-  const nats = await startNats(scope);
-  const api = await startApi(scope);
+  const nats = await startNats(scope, { region: "test" });
+  // the API creates the work queue (workers and replicas may not)
+  const api = await startApi(scope, { nats, region: "test" });
   const fn = await deployFunction(api, `relay-${Math.random().toString(36).slice(2, 8)}`, {
     inferenceUrl: "/echo",
     concurrency: 4,
@@ -249,7 +250,7 @@ test("a large chunked body streams both ways through the replica relay with slow
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__GLOBAL__REGION: "test",
     CALLPLANE__LOG__LEVEL: "warn",
-    CALLPLANE__NATS__URL: nats.url,
+    ...nats.serviceEnv(),
     CALLPLANE__API__URL: api.url,
     CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
     CALLPLANE__INVOCATION__PORT: "0",

@@ -3,7 +3,6 @@
 // and plays the worker on /v2/nvcf/worker/request-attach (contract §3.6). It checks what the
 // worker is told and what the waiting client then sees.
 import { fromBinary, type MessageShape } from "@bufbuild/protobuf";
-import { connect } from "@nats-io/transport-node";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { test, type TestContext } from "node:test";
@@ -26,7 +25,7 @@ interface Work {
 
 /** Subscribes to the plane's work subject and hands over each decoded message. */
 async function fakeWorker(plane: Plane, t: TestContext): Promise<{ next(): Promise<Work> }> {
-  const nc = await connect({ servers: plane.nats.url });
+  const nc = await plane.nats.observe();
   t.after(() => nc.close().catch(() => undefined));
   const got: Work[] = [];
   nc.subscribe(`rq.test.${plane.fn.versionId}.>`, {

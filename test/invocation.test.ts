@@ -3,7 +3,6 @@
 // and a graceful stop. Each test starts its own plane (nats-server, API, replicas, workers, example
 // inference server) and waits for conditions with deadlines rather than fixed sleeps.
 import { jetstreamManager } from "@nats-io/jetstream";
-import { connect } from "@nats-io/transport-node";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
@@ -41,7 +40,7 @@ async function busySlots(plane: Plane): Promise<number> {
 }
 
 async function streamMessages(plane: Plane, t: TestContext): Promise<() => Promise<number>> {
-  const nc = await connect({ servers: plane.nats.url });
+  const nc = await plane.nats.observe();
   t.after(() => nc.close().catch(() => undefined));
   const jsm = await jetstreamManager(nc);
   return async () => (await jsm.streams.info(`rq_test_${plane.fn.versionId}`)).state.messages;

@@ -16,7 +16,15 @@ import {
 import { loadConfig } from "../src/lib/config.js";
 import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { LocalStack } from "../src/stack/stack.js";
-import { call, distRoot, startApi, startIssuer, tmpDir, type JsonResponse } from "./testkit/index.js";
+import {
+  call,
+  distRoot,
+  startApi,
+  startIssuer,
+  startNats,
+  tmpDir,
+  type JsonResponse,
+} from "./testkit/index.js";
 import { reverseScope, startService } from "./testkit/processes.js";
 
 interface Problem {
@@ -83,10 +91,12 @@ test("the real processes: disabled, the issuer does not start, the API starts wi
   ensureAdminKeyPair(join(dir, "keys", "admin-issuer.key.pem"), join(dir, "keys", "admin-issuer.pub.pem"));
   ensureServiceTokens(join(dir, "secrets"));
   ensureKeyringFile(join(dir, "keys", "mek.json"));
+  const nats = await startNats(ctx);
   const base = {
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__API__LISTEN: "127.0.0.1:0",
     CALLPLANE__LOG__LEVEL: "warn",
+    ...nats.serviceEnv(),
   };
   const api = (name: string, env: Record<string, string> = {}) =>
     startService(ctx, name, join(distRoot, "src", "services", "api", "main.js"), { ...base, ...env });

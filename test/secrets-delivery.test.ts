@@ -31,8 +31,8 @@ interface SecretsAnswer {
 
 test("an instance's inference server reads its function's secrets; an update reaches its file", async (t) => {
   const ctx = lifo(t);
-  const nats = await startNats(ctx);
-  const api = await startApi(ctx);
+  const nats = await startNats(ctx, { region: "local" });
+  const api = await startApi(ctx, { nats, region: "local" });
   const admin = await api.adminToken();
   const dataDir = tmpDir(ctx, "callplane-delivery-");
   const secretsDir = tmpDir(ctx, "callplane-delivery-secrets-");
@@ -58,7 +58,9 @@ test("an instance's inference server reads its function's secrets; an update rea
       restart: { initialMs: 500, maxMs: 2000 },
       logLevel: "warn",
       workerExtraEnv: {},
+      natsCaPem: nats.pki.ca.certPem,
     },
+    tokenSource: "api",
     secrets: { root, env: true },
   });
   ctx.after(() => agent.destroy());
@@ -67,7 +69,7 @@ test("an instance's inference server reads its function's secrets; an update rea
     listen: { host: "127.0.70.2", port: 0 },
     region: "local",
     serviceDomain: "nvcf.svc.cluster.local",
-    natsUrl: nats.url,
+    nats: nats.access("invocation"),
     apiUrl: api.url,
     serviceToken: api.serviceToken("invocation"),
     queue: DEFAULT_QUEUE_LIMITS,

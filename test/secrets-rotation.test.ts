@@ -14,7 +14,7 @@ import {
 } from "../src/lib/auth.js";
 import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { waitFor } from "./testkit/client.js";
-import { call, distRoot, sampleFunction, tmpDir } from "./testkit/index.js";
+import { call, distRoot, sampleFunction, startNats, tmpDir } from "./testkit/index.js";
 import { startPostgres, type Postgres } from "./testkit/postgres.js";
 import { reverseScope, startService } from "./testkit/processes.js";
 
@@ -54,7 +54,9 @@ async function rotation(t: TestContext, driver: "sqlite" | "postgres"): Promise<
   ensureServiceTokens(join(dir, "secrets"));
   const mekFile = join(dir, "keys", "mek.json");
   ensureKeyringFile(mekFile);
+  const nats = await startNats(ctx);
   const env = {
+    ...nats.serviceEnv(),
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__API__LISTEN: "127.0.0.1:0",
     CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",

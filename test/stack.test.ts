@@ -21,7 +21,9 @@ import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { test, type TestContext } from "node:test";
+import { connect } from "@nats-io/transport-node";
 import { waitFor as poll } from "./testkit/client.js";
+import { plainClient } from "./testkit/trust.js";
 import { descendants, lifo, running } from "./testkit/proc.js";
 import { setTimeout as sleep } from "node:timers/promises";
 import { call, distRoot, tmpDir } from "./testkit/index.js";
@@ -92,7 +94,7 @@ async function writeConfig(dir: string, host: string, podNetwork: string, instan
       "global:",
       `  dataDir: ${join(dir, "data")}`,
       "nats:",
-      `  url: nats://${host}:${nats}`,
+      `  url: tls://${host}:${nats}`,
       "  server:",
       `    listen: ${host}:${nats}`,
       "api:",
@@ -225,7 +227,17 @@ test("local stack", async (t) => {
       assert.equal(statSync(file).mode & 0o777, 0o600, "stack.json holds an API key: owner only");
       assert.equal(info.api, `http://127.0.40.1:${cfg.ports.api}`);
       assert.equal(info.issuer, `http://127.0.40.1:${cfg.ports.issuer}`);
-      assert.equal(info.nats, `nats://127.0.40.1:${cfg.ports.nats}`);
+      assert.equal(info.nats, `tls://127.0.40.1:${cfg.ports.nats}`);
+      // NATS speaks TLS only, and refuses a client without credentials (the issue 10 smoke check)
+      const ca = readFileSync(String(info.ca), "utf8");
+      await assert.rejects(
+        connect({ servers: info.nats, tls: { ca }, reconnect: false }),
+        /Authorization Violation/,
+        "a TLS client without credentials is refused",
+      );
+      const plain = await plainClient("127.0.40.1", cfg.ports.nats);
+      assert.equal(plain.tlsRequired, true, "a plain client is told TLS is required");
+      assert.ok(!plain.afterInfo.includes("PONG"), `nats-server answered a plain client: ${plain.afterInfo}`);
       assert.equal(info.compute, `http://127.0.40.1:${cfg.ports.compute}`);
       assert.equal(info.dataDir, cfg.dataDir);
       assert.equal(info.pid, first.child.pid);
@@ -264,6 +276,7 @@ test("local stack", async (t) => {
       assert.ok(accessLog.length >= 2);
       for (const service of [
         "nats-server",
+        "nats-auth-callout",
         "api",
         "admin-issuer",
         "invocation-1",

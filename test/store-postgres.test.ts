@@ -17,7 +17,7 @@ import {
   type InstanceRecord,
   type Store,
 } from "../src/services/api/store/types.js";
-import { distRoot, sampleFunction, startApi, tmpDir } from "./testkit/index.js";
+import { distRoot, sampleFunction, startApi, startNats, tmpDir } from "./testkit/index.js";
 import { startPostgres, type Postgres } from "./testkit/postgres.js";
 import { reverseScope, startService } from "./testkit/processes.js";
 
@@ -233,6 +233,7 @@ test("store (postgres): a failed createFunction or instance report leaves nothin
 async function apiReplicas(t: TestContext, n: number) {
   const scope = reverseScope(t);
   const url = await (await postgres()).createDatabase(`t_${randomUUID().replaceAll("-", "")}`);
+  const nats = await startNats(scope);
   const fixture = await startApi(scope);
   const dir = tmpDir(scope, "callplane-pg-api-");
   // the secret store's keyring (the stack generates it on first start)
@@ -244,6 +245,7 @@ async function apiReplicas(t: TestContext, n: number) {
       CALLPLANE__API__LISTEN: "127.0.0.1:0",
       CALLPLANE__API__DATABASE__DRIVER: "postgres",
       CALLPLANE__API__DATABASE__URL: url,
+      ...nats.serviceEnv(),
       CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",
       CALLPLANE__AUTH__ADMIN_PUBLIC_KEY_FILE: fixture.publicKeyFile,
       CALLPLANE__AUTH__ADMIN_SIGNING_KEY_FILE: fixture.privateKeyFile,

@@ -4,7 +4,7 @@ import { call, startApi, startIssuer, startNats } from "./testkit/index.js";
 
 test("testkit starts a real nats-server, API and issuer on loopback", async (t) => {
   const nats = await startNats(t);
-  assert.match(nats.url, /^nats:\/\/127\.0\.0\.1:\d+$/);
+  assert.match(nats.url, /^tls:\/\/127\.0\.0\.1:\d+$/);
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
   const tok = await call<{ value: string }>(`${issuer}/v1/admin/keys`, { body: {} });

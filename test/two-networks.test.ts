@@ -2,7 +2,9 @@
 // namespace of their own whose only link reaches an address in the root namespace where NATS and the
 // worker callback proxy listen; the three invocation replicas listen on loopback addresses of the
 // root namespace (127.0.60.1-3), which the workers cannot reach. So every callback must go through
-// the proxy, which forwards it to the replica that holds the request.
+// the proxy, which forwards it to the replica that holds the request. NATS is the stack's: TLS, and
+// every worker authenticates (issue 10): one with the shared worker nkey, two with identity tokens of
+// their own through the auth callout (token mode), so both modes run end to end through the proxy.
 //
 // Thousands of invocations, spread over the three replicas, each with its own payload, each answer
 // checked by content. A third of the way through, replica 2 is SIGKILLed: the requests it held fail
@@ -15,19 +17,17 @@
 // Needs root, for the namespace; without it the test says so and skips.
 import assert from "node:assert/strict";
 import { randomBytes, randomUUID } from "node:crypto";
-import { mkdirSync, readFileSync, readdirSync } from "node:fs";
 import { createServer, type AddressInfo, type Server } from "node:net";
 import { join } from "node:path";
-import { spawn } from "node:child_process";
 import { test } from "node:test";
 import { jetstreamManager, type ConsumerInfo, type StreamInfo } from "@nats-io/jetstream";
-import { connect } from "@nats-io/transport-node";
 import { Agent, request } from "undici";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
 import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } from "../src/lib/pki.js";
 import { subjects } from "../src/lib/queue.js";
 import { waitFor } from "./testkit/client.js";
-import { startApi, tmpDir } from "./testkit/index.js";
+import { startApi, startNats, tmpDir } from "./testkit/index.js";
+import { issueIdentity, startCallout } from "./testkit/trust.js";
+import { writeFileAtomic } from "../src/lib/auth.js";
 import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "./testkit/netns.js";
 import { deployFunction } from "./testkit/plane.js";
 import {
@@ -37,8 +37,6 @@ import {
   startService,
   type ChildHandle,
 } from "./testkit/processes.js";
-
-type Ctx = Parameters<typeof startApi>[0];
 
 const REGION = "test";
 const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
@@ -122,38 +120,6 @@ async function freePort(hosts: string[]): Promise<number> {
   throw new Error(`no port free on all of ${hosts.join(", ")}`);
 }
 
-/** nats-server with JetStream on host (a port it picks), stopped when the test ends. */
-async function startNatsAt(t: Ctx, dir: string, host: string): Promise<{ url: string; port: number }> {
-  mkdirSync(dir, { recursive: true });
-  const files = writeNatsServerConfig(dir, { host, port: -1 }, { name: "two-networks" });
-  const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
-  let stderr = "";
-  child.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-16_384)));
-  const exited = new Promise((r) => child.once("exit", r));
-  t.after(async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    child.kill("SIGTERM");
-    const k = setTimeout(() => child.kill("SIGKILL"), 3000);
-    await exited;
-    clearTimeout(k);
-  });
-  const port = await waitFor(
-    "nats-server's ports file",
-    () => {
-      if (child.exitCode !== null) throw new Error(`nats-server exited: ${stderr}`);
-      const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
-      if (!f) return undefined;
-      const ports = JSON.parse(readFileSync(join(dir, f), "utf8")) as { nats: string[] };
-      return Number(new URL(ports.nats[0]).port) || undefined;
-    },
-    { timeoutMs: 10_000, intervalMs: 25 },
-  );
-  await waitForNats({ host, port });
-  return { url: `nats://${host}:${port}`, port };
-}
-
 function jsonLines(lines: string[]): Array<Record<string, unknown>> {
   const out: Array<Record<string, unknown>> = [];
   for (const l of lines) {
@@ -190,8 +156,11 @@ test(
 
     // --- the root namespace: nats-server and the proxy on the link's host address; the API,
     // the replicas on loopback ---
-    const nats = await startNatsAt(scope, join(dir, "nats"), ns.hostIp);
-    const api = await startApi(scope);
+    const nats = await startNats(scope, { dir: join(dir, "nats"), host: ns.hostIp, region: REGION });
+    // token mode: worker 0 logs in with the shared worker nkey (as a worker started before a switch
+    // would), workers 1 and 2 with identities of their own, checked by the API through the callout
+    const api = await startApi(scope, { nats, region: REGION, workerAuth: "token" });
+    const callout = await startCallout(scope, nats, api, "token");
     const fn = await deployFunction(api, `two-networks-${randomBytes(4).toString("hex")}`, {
       inferenceUrl: "/echo",
       concurrency: WORKER_CONCURRENCY,
@@ -216,7 +185,7 @@ test(
       CALLPLANE__GLOBAL__DATA_DIR: dir,
       CALLPLANE__GLOBAL__REGION: REGION,
       CALLPLANE__PKI__DIR: pkiDir,
-      CALLPLANE__NATS__URL: nats.url,
+      ...nats.serviceEnv(),
       CALLPLANE__API__URL: api.url,
       CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
       CALLPLANE__INVOCATION__PORT: "0",
@@ -312,17 +281,30 @@ test(
     for (let k = 0; k < WORKERS; k++) {
       const lines: string[] = [];
       workerLines.push(lines);
+      let natsEnv: Record<string, string> = nats.workerNkeyEnv();
+      if (k > 0) {
+        const id = await issueIdentity(api, fn, randomUUID());
+        const tokenFile = join(dir, `identity-${k}`, "token");
+        writeFileAtomic(tokenFile, id.token);
+        natsEnv = {
+          NVCF_TOKEN_FILE_PATH: tokenFile,
+          NVCF_NATS_ACCOUNT: "APP",
+          NVCF_NATS_CA_PEM: nats.pki.ca.certPem,
+          INSTANCE_ID: id.instanceId,
+        };
+      }
       workers.push(
         await startService(
           scope,
           `worker-${k}`,
           scripts.worker,
           {
-            NVCF_FQDN_NATS: `nats://${ns.hostIp}:${nats.port}`,
+            NVCF_FQDN_NATS: nats.url,
             FUNCTION_ID: fn.functionId,
             FUNCTION_VERSION_ID: fn.versionId,
             FUNCTION_NAME: "two-networks",
             INSTANCE_ID: `two-networks-${k}`,
+            ...natsEnv,
             INFERENCE_HOST: "127.0.0.1",
             INFERENCE_PORT: "8000",
             INFERENCE_HEALTH_ENDPOINT: "/health",
@@ -339,12 +321,18 @@ test(
         ),
       );
     }
+    const logins = callout
+      .log()
+      .filter((l) => l.msg === "Authentication successful")
+      .map((l) => String(l.user));
+    assert.equal(logins.filter((u) => u.startsWith("worker-nkey.")).length, 1, logins.join(", "));
+    assert.equal(logins.filter((u) => u.startsWith(`worker-${fn.versionId}.`)).length, 2, logins.join(", "));
     const inside = await ns.pids();
     for (const w of [inference.process, ...workers])
       assert.ok(inside.includes(w.pid), `${w.name} (pid ${w.pid}) runs inside ${ns.name}`);
 
     // the test's own view of the work queue
-    const nc = await connect({ servers: nats.url, name: "two-networks-test" });
+    const nc = await nats.observe("two-networks-test");
     scope.after(() => nc.close());
     const jsm = await jetstreamManager(nc);
     const stream = subjects.stream(REGION, fn.versionId);

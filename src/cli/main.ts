@@ -8,6 +8,7 @@ import { registerFunction } from "./commands/function.js";
 import { registerInit } from "./commands/init.js";
 import { registerInvoke } from "./commands/invoke.js";
 import { registerKey } from "./commands/key.js";
+import { registerNats } from "./commands/nats.js";
 import { registerPki } from "./commands/pki.js";
 import { registerSecret } from "./commands/secret.js";
 import { registerSecrets } from "./commands/secrets.js";
@@ -98,6 +99,7 @@ export function buildProgram(): Command {
   registerSecrets(program);
   registerAdmin(program);
   registerPki(program);
+  registerNats(program);
   configure(program, false);
   return program;
 }

@@ -75,7 +75,20 @@ export const configSchema = z.strictObject({
     url: z
       .string()
       .regex(/^(nats|tls):\/\//, "must start with nats:// or tls://")
-      .default("nats://127.0.0.1:4222"),
+      .default("tls://127.0.0.1:4222"),
+    workerAuth: z.enum(["nkey", "token"], { error: "nats.workerAuth must be nkey or token" }).default("nkey"),
+    authCallout: section({
+      workerTokenAuth: section({
+        // unset: derived from api.url; set to "" on purpose it is empty, which token mode refuses
+        webhookUrl: z.string().default(""),
+      }),
+    }),
+    tls: section({
+      certFile: z.string().default(""),
+      keyFile: z.string().default(""),
+      caFile: z.string().default(""),
+    }),
+    credentialsDir: z.string().default(""),
     server: section({
       enabled: z.boolean().default(true),
       listen: hostPort.default("127.0.0.1:4222"),
@@ -108,6 +121,17 @@ export const configSchema = z.strictObject({
       path: z.string().default(""),
       url: optionalUrl(["postgres", "postgresql"]),
       maxConnections: z.number().int().min(1).max(1000).default(10),
+    }),
+  }),
+  natsAuthCalloutService: section({
+    serviceConfig: section({
+      logging: section({
+        level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+        sampling: section({
+          initial: z.number().int().min(0).default(100),
+          thereafter: z.number().int().min(1).default(100),
+        }),
+      }),
     }),
   }),
   adminIssuerProxy: section({
@@ -144,6 +168,7 @@ export const configSchema = z.strictObject({
     adminSigningKeyFile: z.string().default(""),
     adminPublicKeyFile: z.string().default(""),
     serviceTokenDir: z.string().default(""),
+    workerIdentityKeyFile: z.string().default(""),
   }),
   invocation: section({
     replicaCount: z.number().int().min(1).max(250).default(2),
@@ -235,6 +260,15 @@ export const configSchema = z.strictObject({
       initialSeconds: seconds(1, 600),
       maxSeconds: seconds(30, 3600),
     }),
+    workerIdentity: section({
+      // "" is the default source, never "off": no worker starts without an identity
+      tokenSource: z.enum(["", "api"], { error: 'must be "" (the default source) or api' }).default(""),
+      clusterId: z
+        .string()
+        .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "must be letters, digits, dots, dashes and underscores")
+        .default("local"),
+      tokenTtlSeconds: z.number().int().min(30).max(3600).default(900),
+    }),
   }),
 });
 
@@ -264,7 +298,7 @@ function formatIssues(issues: z.core.$ZodIssue[]): string[] {
 }
 
 /** Rules that relate fields; each message names every field involved. */
-function crossFieldProblems(c: Config): string[] {
+function crossFieldProblems(c: Config, explicitlyEmpty: { webhookUrl: boolean }): string[] {
   const p: string[] = [];
   const we = c.global.workerEndpoints;
   if (
@@ -334,6 +368,21 @@ function crossFieldProblems(c: Config): string[] {
   }
   if (mek.provider === "plugin" && !mek.plugin) {
     p.push("secrets.mek.provider is plugin but secrets.mek.plugin is empty: name the plugin module's file");
+  }
+  if (c.nats.workerAuth === "token" && explicitlyEmpty.webhookUrl) {
+    p.push(
+      "nats.workerAuth is token and nats.authCallout.workerTokenAuth.webhookUrl is empty: the auth callout would have nowhere to check worker tokens. Remove the key (it defaults to the API's /v2/nvcf/webhook/nats-auth) or set it to the API's webhook URL",
+    );
+  }
+  const hook = c.nats.authCallout.workerTokenAuth.webhookUrl;
+  if (hook) {
+    let ok = false;
+    try {
+      ok = ["http:", "https:"].includes(new URL(hook).protocol);
+    } catch {
+      ok = false;
+    }
+    if (!ok) p.push("nats.authCallout.workerTokenAuth.webhookUrl: must be an http or https URL");
   }
   if (c.compute.restartBackoff.initialSeconds > c.compute.restartBackoff.maxSeconds) {
     p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
@@ -453,7 +502,10 @@ export function loadConfig(opts: LoadOptions = {}): Config {
   const result = configSchema.safeParse(doc);
   if (!result.success) throw new ConfigError(source, formatIssues(result.error.issues));
   const config = result.data;
-  const cross = crossFieldProblems(config);
+  // an unset webhook URL is derived; one set to "" is empty, and token mode refuses it
+  const hook = (doc.nats as { authCallout?: { workerTokenAuth?: { webhookUrl?: unknown } } } | undefined)
+    ?.authCallout?.workerTokenAuth?.webhookUrl;
+  const cross = crossFieldProblems(config, { webhookUrl: hook === "" });
   if (cross.length) throw new ConfigError(source, cross);
   resolveDerived(config, opts.cwd ?? process.cwd());
   const afterDerived = keyFileProblems(config);
@@ -503,10 +555,21 @@ function resolveDerived(c: Config, cwd: string): void {
   if (c.compute.secrets.dir) c.compute.secrets.dir = abs(c.compute.secrets.dir);
   if (c.nats.server.binary) c.nats.server.binary = abs(c.nats.server.binary);
   if (!c.api.url) c.api.url = `http://${c.api.listen}`;
+  c.auth.workerIdentityKeyFile = c.auth.workerIdentityKeyFile
+    ? abs(c.auth.workerIdentityKeyFile)
+    : resolve(data, "keys", "worker-identity.key.pem");
+  c.nats.credentialsDir = c.nats.credentialsDir
+    ? abs(c.nats.credentialsDir)
+    : resolve(data, "secrets", "nats");
+  c.nats.authCallout.workerTokenAuth.webhookUrl ||= `${c.api.url.replace(/\/+$/, "")}/v2/nvcf/webhook/nats-auth`;
   if (!c.adminIssuerProxy.url) c.adminIssuerProxy.url = `http://${c.adminIssuerProxy.listen}`;
   c.pki.dir = c.pki.dir ? abs(c.pki.dir) : resolve(data, "pki");
   c.pki.caCertFile = c.pki.caCertFile ? abs(c.pki.caCertFile) : resolve(c.pki.dir, "ca.crt");
   c.pki.caKeyFile = c.pki.caKeyFile ? abs(c.pki.caKeyFile) : resolve(c.pki.dir, "ca.key");
+  const ntls = c.nats.tls;
+  ntls.certFile = ntls.certFile ? abs(ntls.certFile) : resolve(c.pki.dir, "nats", "tls.crt");
+  ntls.keyFile = ntls.keyFile ? abs(ntls.keyFile) : resolve(c.pki.dir, "nats", "tls.key");
+  ntls.caFile = ntls.caFile ? abs(ntls.caFile) : c.pki.caCertFile;
   const front = c.workerCallbackProxy.tls.frontend;
   front.certFile = front.certFile ? abs(front.certFile) : resolve(c.pki.dir, "proxy", "tls.crt");
   front.keyFile = front.keyFile ? abs(front.keyFile) : resolve(c.pki.dir, "proxy", "tls.key");

@@ -62,6 +62,13 @@ export const ERROR_CODES = {
   UPSTREAM_UNAVAILABLE: { status: 502, kind: "system", title: "The pod could not be reached" },
   UPSTREAM_TIMEOUT: { status: 504, kind: "system", title: "The pod did not answer in time" },
   HOLDER_GONE: { status: 502, kind: "system", title: "The replica holding the request is gone" },
+  // worker trust: NATS worker auth and per-worker identity
+  WORKER_TOKEN_INVALID: { status: 401, kind: "user", title: "Invalid worker identity token" },
+  WORKER_TOKEN_EXPIRED: { status: 401, kind: "user", title: "Worker identity token expired" },
+  WORKER_TOKEN_REVOKED: { status: 401, kind: "user", title: "Worker identity revoked" },
+  NATS_ACCOUNT_REFUSED: { status: 403, kind: "user", title: "NATS account or plugin not served" },
+  WORKER_AUTH_MODE_OFF: { status: 403, kind: "user", title: "Worker token mode is off" },
+  IDENTITY_NOT_FOUND: { status: 404, kind: "user", title: "Worker identity not found" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
   INTERNAL: { status: 500, kind: "system", title: "Internal error" },

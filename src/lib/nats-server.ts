@@ -2,10 +2,12 @@
 // test that needs a queue. The binary comes from CALLPLANE_NATS_SERVER (set by the bootstrap
 // script, which finds or installs one), the configuration, or PATH.
 import { spawnSync } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync } from "node:fs";
+import { writeFileAtomic } from "./auth.js";
 import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { natsServerAuthConfig, type Permissions } from "./nats-auth.js";
 import type { HostPort } from "./net.js";
 
 export function natsServerBinary(configured?: string): string {
@@ -30,16 +32,30 @@ export interface NatsServerFiles {
   storeDir: string;
 }
 
-/** Writes a nats-server configuration for one JetStream server on the given address. */
+export interface NatsServerSecurity {
+  /** The server's certificate and key (reloaded by `nats-server --signal reload` / SIGHUP). */
+  certFile: string;
+  keyFile: string;
+  /** nats.credentialsDir: the services' nkeys, the worker nkey, the callout's issuer key. */
+  credentialsDir: string;
+  region: string;
+  extraAppUsers?: Array<{ nkey: string; permissions?: Permissions }>;
+}
+
+/**
+ * Writes a nats-server configuration for one JetStream server on the given address: TLS required
+ * on every client connection, every user in a named account (see nats-auth.ts), no anonymous access.
+ */
 export function writeNatsServerConfig(
   dir: string,
   listen: HostPort,
-  opts: { name?: string; maxPayload?: number } = {},
+  opts: { name?: string; maxPayload?: number; security: NatsServerSecurity },
 ): NatsServerFiles {
   const storeDir = join(dir, "jetstream");
   mkdirSync(storeDir, { recursive: true });
   const configFile = join(dir, "nats-server.conf");
-  writeFileSync(
+  // atomically: a reload (SIGHUP) may read it at any moment
+  writeFileAtomic(
     configFile,
     [
       `server_name: ${JSON.stringify(opts.name ?? "callplane")}`,
@@ -49,10 +65,30 @@ export function writeNatsServerConfig(
       `  store_dir: ${JSON.stringify(storeDir)}`,
       `  max_memory_store: 256MB`,
       `}`,
+      `tls {`,
+      `  cert_file: ${JSON.stringify(opts.security.certFile)}`,
+      `  key_file: ${JSON.stringify(opts.security.keyFile)}`,
+      `  timeout: 5`,
+      `}`,
+      natsServerAuthConfig(opts.security.credentialsDir, opts.security.region, opts.security.extraAppUsers),
       "",
     ].join("\n"),
+    0o600,
   );
   return { configFile, storeDir };
+}
+
+/** The names and addresses clients reach nats-server at (its certificate covers each). */
+export function natsCertNames(natsUrl: string, listen: string): string[] {
+  const names = new Set<string>(["localhost"]);
+  names.add(new URL(natsUrl.replace(/^(nats|tls):/, "http:")).hostname);
+  names.add(listen.slice(0, listen.lastIndexOf(":")));
+  return [...names].filter((n) => n !== "0.0.0.0" && n !== "");
+}
+
+/** Asks a running nats-server to re-read its configuration and certificates (SIGHUP). */
+export function reloadNatsServer(pid: number): void {
+  process.kill(pid, "SIGHUP");
 }
 
 /** Resolves once something at the address speaks the NATS protocol (sends INFO). */

@@ -9,6 +9,7 @@ import { X509Certificate, createHash, createPrivateKey, randomBytes, webcrypto }
 
 type CryptoKey = webcrypto.CryptoKey;
 import { existsSync, readFileSync } from "node:fs";
+import { isIPv4 } from "node:net";
 import { join } from "node:path";
 import { writeFileAtomic } from "./auth.js";
 
@@ -26,6 +27,7 @@ export interface CertInfo {
   subject: string;
   issuer: string;
   dnsNames: string[];
+  ipAddresses: string[];
   notBefore: Date;
   notAfter: Date;
   fingerprint256: string;
@@ -69,7 +71,7 @@ export async function createCa(commonName = "callplane stack CA", days = 3650): 
   return { certPem: cert.toString("pem"), keyPem: await exportKeyPem(keys.privateKey) };
 }
 
-/** Issues a server certificate (serverAuth) for DNS names, signed by the CA. */
+/** Issues a server certificate (serverAuth) for DNS names and IPv4 addresses, signed by the CA. */
 export async function issueServerCert(
   ca: CaMaterial,
   dnsNames: string[],
@@ -93,7 +95,9 @@ export async function issueServerCert(
       new x509.BasicConstraintsExtension(false, undefined, true),
       new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
       new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
-      new x509.SubjectAlternativeNameExtension(dnsNames.map((value) => ({ type: "dns" as const, value }))),
+      new x509.SubjectAlternativeNameExtension(
+        dnsNames.map((value) => ({ type: isIPv4(value) ? ("ip" as const) : ("dns" as const), value })),
+      ),
       await x509.AuthorityKeyIdentifierExtension.create(caCert),
     ],
   });
@@ -110,6 +114,11 @@ export function describeCert(pem: string): CertInfo {
       .map((s) => s.trim())
       .filter((s) => s.startsWith("DNS:"))
       .map((s) => s.slice(4)),
+    ipAddresses: (c.subjectAltName ?? "")
+      .split(",")
+      .map((s) => s.trim())
+      .filter((s) => s.startsWith("IP Address:"))
+      .map((s) => s.slice("IP Address:".length)),
     notBefore: new Date(c.validFrom),
     notAfter: new Date(c.validTo),
     fingerprint256: c.fingerprint256,
@@ -181,7 +190,8 @@ export async function ensureServerCert(
       const issued = new X509Certificate(pem).checkIssued(new X509Certificate(ca.certPem));
       const fresh = info.notAfter.getTime() - Date.now() > (opts.renewWithinDays ?? 30) * DAY;
       const keyOk = new X509Certificate(pem).checkPrivateKey(createPrivateKey(readFileSync(keyFile, "utf8")));
-      if (issued && fresh && keyOk && sameNames(info.dnsNames, dnsNames)) return "kept";
+      if (issued && fresh && keyOk && sameNames([...info.dnsNames, ...info.ipAddresses], dnsNames))
+        return "kept";
     } catch {
       // unreadable or broken: issue a new one
     }
@@ -203,6 +213,11 @@ export interface StackCertificate {
   dnsNames: string[];
 }
 
+/** The folder the NATS server's certificate lives in (tls.crt, tls.key, ca.crt). */
+export function natsCertFolder(pkiDir: string): string {
+  return join(pkiDir, "nats");
+}
+
 /** The folder an invocation replica's worker-listener certificate lives in. */
 export function invocationCertFolder(pkiDir: string, podIp: string): string {
   return join(pkiDir, "invocation", podIp.replaceAll(".", "-"));
@@ -220,8 +235,15 @@ export function stackCertificates(opts: {
   upstreamTls: boolean;
   frontendCertFile: string;
   replicaIps: string[];
+  /** The names and addresses clients reach nats-server at (its certificate covers each). */
+  natsNames?: string[];
+  /** nats.tls.certFile: issued here only when it is the stack's own default. */
+  natsCertFile?: string;
 }): StackCertificate[] {
   const out: StackCertificate[] = [];
+  if (opts.natsNames?.length && opts.natsCertFile === join(natsCertFolder(opts.pkiDir), TLS_FILES.cert)) {
+    out.push({ name: "nats-server", folder: natsCertFolder(opts.pkiDir), dnsNames: opts.natsNames });
+  }
   if (!opts.proxyEnabled) return out;
   if (opts.frontendCertFile === join(opts.pkiDir, "proxy", TLS_FILES.cert)) {
     out.push({

@@ -1,8 +1,8 @@
 // The work queue on NATS JetStream, named as the NVCF contract names it (§3.2): per (region,
 // function version) a work-queue stream rq_{region}_{fvid} on subjects rq.{region}.{fvid}.>, one
 // message per request id (dedupe), and one durable pull consumer shared by that version's workers.
-// Both the invocation service and the worker create the stream and consumer when missing, with the
-// same configuration, so either may start first.
+// The control plane (the API) creates the stream and consumer, on deploy and on first use; workers
+// and invocation replicas have no right to (see nats-auth.ts).
 import {
   AckPolicy,
   DiscardPolicy,
@@ -11,9 +11,15 @@ import {
   jetstreamManager,
   type JetStreamManager,
 } from "@nats-io/jetstream";
-import { nanos, type NatsConnection } from "@nats-io/transport-node";
-import { connect } from "@nats-io/transport-node";
+import {
+  connect,
+  nanos,
+  nkeyAuthenticator,
+  tokenAuthenticator,
+  type NatsConnection,
+} from "@nats-io/transport-node";
 import type { Logger } from "./log.js";
+import type { NatsAccess } from "./nats-auth.js";
 
 export interface QueueLimits {
   maxMessages: number;
@@ -34,16 +40,30 @@ export const subjects = {
   consumer: (region: string, fvid: string) => `rq_${region}_${fvid}_workers`,
   work: (region: string, fvid: string, requestId: string) => `rq.${region}.${fvid}.${requestId}`,
   workFilter: (region: string, fvid: string) => `rq.${region}.${fvid}.>`,
-  polling: (requestId: string) => `rq_polling.${requestId}`,
+  // callplane: the version is in the poll subject (upstream: rq_polling.{requestId}), so that a
+  // worker can be allowed its own version's polls and no other's
+  polling: (fvid: string, requestId: string) => `rq_polling.${fvid}.${requestId}`,
+  pollingFilter: (fvid: string) => `rq_polling.${fvid}.*`,
   cancel: (fvid: string) => `nvcf.cancel.${fvid}`,
 } as const;
 
-export async function connectNats(url: string, name: string, logger: Logger): Promise<NatsConnection> {
+/**
+ * The one way callplane connects to NATS: TLS verified against the stack CA, the caller's own
+ * credentials, and its own inbox prefix (its grant covers that prefix, never `_INBOX.>`).
+ */
+export async function connectNats(access: NatsAccess, name: string, logger: Logger): Promise<NatsConnection> {
+  const enc = new TextEncoder();
+  const auth = access.auth;
   // noAsyncTraces: the client would otherwise build an Error (a stack capture) for every request,
   // a measurable share of the hot path's CPU; timeouts still reject with clear errors.
   const nc = await connect({
     noAsyncTraces: true,
-    servers: url,
+    servers: access.url,
+    tls: { ca: access.caPem },
+    // a token is read again at every reconnect: a worker's identity token is refreshed in its file
+    authenticator:
+      "nkeySeed" in auth ? nkeyAuthenticator(enc.encode(auth.nkeySeed)) : tokenAuthenticator(auth.token),
+    inboxPrefix: access.inboxPrefix,
     name,
     maxReconnectAttempts: -1,
     reconnectTimeWait: 500,
@@ -52,10 +72,33 @@ export async function connectNats(url: string, name: string, logger: Logger): Pr
   void (async () => {
     for await (const s of nc.status()) {
       if (s.type === "disconnect" || s.type === "reconnect" || s.type === "error")
-        logger.warn({ nats: s.type, server: "server" in s ? s.server : undefined }, `nats ${s.type}`);
+        logger.warn(
+          {
+            nats: s.type,
+            server: "server" in s ? s.server : undefined,
+            err: "error" in s ? s.error.message : undefined,
+          },
+          // a permission violation arrives here (NATS reports it without closing the connection)
+          `nats ${s.type}`,
+        );
     }
   })();
   return nc;
+}
+
+/**
+ * Drains a connection, but never waits longer than `ms`: with the server gone, the client keeps
+ * reconnecting and a drain would never end (nor let the process exit).
+ */
+export async function drainOrClose(nc: NatsConnection | undefined, ms = 2000): Promise<void> {
+  if (!nc || nc.isClosed()) return;
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    nc.drain().catch(() => undefined),
+    new Promise<void>((r) => (timer = setTimeout(r, ms))),
+  ]);
+  clearTimeout(timer);
+  if (!nc.isClosed()) await nc.close().catch(() => undefined);
 }
 
 /** Creates (once per process and version) the work-queue stream and its durable consumer. */
@@ -70,7 +113,8 @@ export class WorkQueues {
   ) {}
 
   manager(): Promise<JetStreamManager> {
-    this.jsm ??= jetstreamManager(this.nc);
+    // checkAPI: the account-info probe is a JetStream API call the caller need not be allowed
+    this.jsm ??= jetstreamManager(this.nc, { checkAPI: false });
     return this.jsm;
   }
 

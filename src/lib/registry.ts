@@ -3,6 +3,8 @@
 // Entries expire unless refreshed, so a replica that dies drops out within the TTL. A replica that
 // receives a callback for a request it does not hold looks the holder up here: the address always
 // comes from the registry, never from the callback itself, so a relay can reach only live replicas.
+// Only invocation replicas may write the bucket (their NATS grant; nobody else's covers it), so an
+// address in it was written by a replica.
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { holderHex } from "./ids.js";
@@ -15,7 +17,8 @@ export interface ReplicaEntry {
   startedAt: string;
 }
 
-export const REGISTRY_BUCKET = "callplane_replicas";
+export { REGISTRY_BUCKET } from "./nats-auth.js";
+import { REGISTRY_BUCKET } from "./nats-auth.js";
 
 export class ReplicaRegistry {
   private kv: KV | undefined;

@@ -89,7 +89,11 @@ async function main(): Promise<void> {
   await stack.preparePki(replicaIps);
 
   const nats = config.nats.server.enabled ? await stack.startNats() : config.nats.url;
-  say(`nats-server   ${nats}`);
+  say(
+    `nats-server   ${nats}   (TLS; every client authenticates: nats.workerAuth is ${config.nats.workerAuth})`,
+  );
+  await stack.startService("nats-auth-callout", "nats-auth-callout");
+  say(`nats-auth-callout answering nats-server's auth callout (logs/nats-auth-callout.log)`);
   const api = (await stack.startService("api", "api")).api;
   say(`api           ${api}`);
   let issuer: string | undefined;
@@ -146,7 +150,9 @@ async function main(): Promise<void> {
     compute,
     invocation,
     grpc: [],
-    ...(proxyUrl ? { proxy: proxyUrl, workerDomain: proxy.workerDomain, ca: config.pki.caCertFile } : {}),
+    ca: config.nats.tls.caFile,
+    workerAuth: config.nats.workerAuth,
+    ...(proxyUrl ? { proxy: proxyUrl, workerDomain: proxy.workerDomain } : {}),
     dataDir: stack.dataDir,
     logs: stack.logDir,
     startedAt: new Date().toISOString(),

@@ -10,7 +10,17 @@ import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
 import { ensureKeyringFile } from "../lib/secrets/mek.js";
 import { secretsRoot } from "../lib/secrets/paths.js";
 import type { Config } from "../lib/config.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../lib/nats-server.js";
+import { createLogger } from "../lib/log.js";
+import { createRegistry } from "../lib/metrics.js";
+import { ensureNatsKeys } from "../lib/nats-auth.js";
+import {
+  natsCertNames,
+  natsServerBinary,
+  reloadNatsServer,
+  waitForNats,
+  writeNatsServerConfig,
+} from "../lib/nats-server.js";
+import { TlsReloader } from "../lib/tls-reload.js";
 import { parseHostPort, type HostPort } from "../lib/net.js";
 import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/supervise.js";
 import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";
@@ -130,6 +140,8 @@ export class LocalStack {
       this.opts.say(`wrote the admin public key from the signing key to ${config.auth.adminPublicKeyFile}`);
     this.prepareIssuerKeys();
     ensureServiceTokens(config.auth.serviceTokenDir);
+    for (const f of ensureNatsKeys(config.nats.credentialsDir))
+      this.opts.say(`generated the NATS key ${f.slice(config.nats.credentialsDir.length + 1)}`);
     if (config.secrets.mek.provider === "file") {
       let mek: ReturnType<typeof ensureKeyringFile>;
       try {
@@ -184,7 +196,6 @@ export class LocalStack {
   async preparePki(replicaIps: string[]): Promise<void> {
     const { config } = this.opts;
     const p = config.workerCallbackProxy;
-    if (!p.enabled) return;
     const ca = await ensureCa({
       dir: config.pki.dir,
       caCertFile: config.pki.caCertFile,
@@ -197,10 +208,12 @@ export class LocalStack {
       pkiDir: config.pki.dir,
       serviceDomain: config.global.serviceDomain,
       workerDomain: p.workerDomain,
-      proxyEnabled: true,
+      proxyEnabled: p.enabled,
       upstreamTls: p.invocation.upstreamTls.enabled,
       frontendCertFile: p.tls.frontend.certFile,
       replicaIps,
+      natsNames: config.nats.server.enabled ? natsCertNames(config.nats.url, config.nats.server.listen) : [],
+      natsCertFile: config.nats.tls.certFile,
     });
     for (const c of certs) {
       if ((await ensureServerCert(c.folder, ca, c.dnsNames)) === "issued")
@@ -239,7 +252,15 @@ export class LocalStack {
   async startNats(): Promise<string> {
     const { config } = this.opts;
     const listen = parseHostPort(config.nats.server.listen);
-    const files = writeNatsServerConfig(join(this.dataDir, "nats"), listen, { name: "callplane-local" });
+    const files = writeNatsServerConfig(join(this.dataDir, "nats"), listen, {
+      name: "callplane-local",
+      security: {
+        certFile: config.nats.tls.certFile,
+        keyFile: config.nats.tls.keyFile,
+        credentialsDir: config.nats.credentialsDir,
+        region: config.global.region,
+      },
+    });
     const bin = natsServerBinary(config.nats.server.binary || undefined);
     const child = this.track(
       new SupervisedChild({
@@ -254,8 +275,21 @@ export class LocalStack {
     await child.start();
     await waitForNats(listen);
     this.writePidFile();
-    return `nats://${listen.host}:${listen.port}`;
+    // a renewed certificate reaches nats-server without a restart: it re-reads it on SIGHUP
+    this.natsTls = new TlsReloader(
+      "nats-server",
+      { certFile: config.nats.tls.certFile, keyFile: config.nats.tls.keyFile },
+      () => {
+        if (child.pid) reloadNatsServer(child.pid);
+        this.opts.say("nats-server: certificate changed; told it to reload");
+      },
+      createLogger("stack", { destination: join(this.logDir, "stack.log") }),
+      createRegistry("stack", { defaultMetrics: false }),
+    );
+    return `tls://${listen.host}:${listen.port}`;
   }
+
+  private natsTls: TlsReloader | undefined;
 
   /** Starts one of callplane's own services (dist/src/services/<dir>/main.js) and waits for ready. */
   async startService(
@@ -292,6 +326,7 @@ export class LocalStack {
     if (this.stopping) return;
     this.stopping = true;
     rmSync(this.stackFile, { force: true });
+    this.natsTls?.close();
     // services first (they drain), nats-server last so that draining services can still use it
     const nats = this.children.filter((c) => c.spec.name === "nats-server");
     const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();

@@ -14,6 +14,17 @@ import {
   type AdminTokenSigner,
   type ServiceName,
 } from "../../src/lib/auth.js";
+import { createUser } from "@nats-io/nkeys";
+import { connect, nkeyAuthenticator, type NatsConnection } from "@nats-io/transport-node";
+import {
+  ensureNatsKeys,
+  publicKeyOf,
+  readCalloutIssuerSeed,
+  readWorkerSeed,
+  serviceNatsAccess,
+  type NatsAccess,
+  type NatsServiceRole,
+} from "../../src/lib/nats-auth.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats-server.js";
 import { createFileMekProvider, ensureKeyringFile, type MekProvider } from "../../src/lib/secrets/mek.js";
 import { openSqliteSecretStorage } from "../../src/services/api/secrets/storage.js";
@@ -22,13 +33,23 @@ import {
   type SecretStore,
   type SecretStoreOptions,
 } from "../../src/services/api/secrets/store.js";
+import { IdentitySigner, ensureIdentityKey } from "../../src/lib/worker-identity.js";
 import { createAdminIssuer } from "../../src/services/admin-issuer/service.js";
+import {
+  createNatsAuthCallout,
+  type NatsAuthCalloutOptions,
+} from "../../src/services/nats-auth-callout/service.js";
+import { createLogger, silentLogger } from "../../src/lib/log.js";
+import { openIdentityStore } from "../../src/services/api/identity-store.js";
 import { createApiService } from "../../src/services/api/service.js";
 import { createRegistry } from "../../src/lib/metrics.js";
 import { openSqliteStore } from "../../src/services/api/store/sqlite.js";
 import type { Store } from "../../src/services/api/store/types.js";
 import type Database from "better-sqlite3";
 import type { Logger } from "../../src/lib/log.js";
+import { writeFileAtomic } from "../../src/lib/auth.js";
+import { TLS_FILES } from "../../src/lib/pki.js";
+import { testPki, type TestPki } from "./tls.js";
 
 type Ctx = Pick<TestContext, "after">;
 
@@ -56,23 +77,88 @@ export function tmpDir(t: Ctx, prefix = "callplane-test-"): string {
 }
 
 export interface Nats {
+  /** tls://<host>:<port> */
   url: string;
+  host: string;
   port: number;
   process: ChildProcess;
   stop(): Promise<void>;
+  /** The test CA that issued the server's certificate, and its file. */
+  pki: TestPki;
+  caFile: string;
+  /** nats.credentialsDir: the services' nkeys, the worker nkey, the callout issuer key. */
+  credentialsDir: string;
+  /** The server's certificate files (a test may replace them and signal a reload). */
+  certFile: string;
+  keyFile: string;
+  configFile: string;
+  /** How one of callplane's services connects (its own nkey, its own permissions). */
+  access(role: NatsServiceRole): NatsAccess;
+  /** A test's own connection, as a configured user with no limits (the test observes, it is not under test). */
+  observe(name?: string): Promise<NatsConnection>;
+  /** A worker's NATS environment in nkey mode: the shared worker seed and the CA. */
+  workerNkeyEnv(): Record<string, string>;
+  /** CALLPLANE__NATS__* overrides that point a service process at this server. */
+  serviceEnv(): Record<string, string>;
+  /** Rewrites the configuration from the key files (after a key rotation) and signals a reload. */
+  reload(): void;
+  /**
+   * Replaces the auth callout this server runs with (by default one in this process that knows
+   * the shared worker nkey and no webhook, as in nkey mode).
+   */
+  replaceCallout(plugins: NatsAuthCalloutOptions["plugins"], logFile?: string): Promise<void>;
 }
 
-/** Starts a real nats-server with JetStream on a random loopback port. */
-export async function startNats(t: Ctx, opts: { dir?: string } = {}): Promise<Nats> {
+/**
+ * Starts a real nats-server with JetStream on a random port of `host` (127.0.0.1), as the stack
+ * runs it: TLS with a certificate from a test CA, every user in a named account, callplane's
+ * service keys and the shared worker key as configured users, everyone else sent to the auth
+ * callout (a test that wants token mode starts the callout service).
+ */
+export async function startNats(
+  t: Ctx,
+  opts: { dir?: string; host?: string; region?: string } = {},
+): Promise<Nats> {
   const own = opts.dir === undefined;
   const dir = opts.dir ?? mkdtempSync(join(tmpdir(), "callplane-nats-"));
-  const files = writeNatsServerConfig(dir, { host: "127.0.0.1", port: -1 }, { name: "test" });
+  const host = opts.host ?? "127.0.0.1";
+  const pki = await testPki();
+  const cert = await pki.issue([host, "localhost"]);
+  const certFile = join(dir, "tls", TLS_FILES.cert);
+  const keyFile = join(dir, "tls", TLS_FILES.key);
+  const caFile = join(dir, "tls", TLS_FILES.ca);
+  writeFileAtomic(keyFile, cert.keyPem, 0o600);
+  writeFileAtomic(certFile, cert.certPem, 0o644);
+  writeFileAtomic(caFile, pki.ca.certPem, 0o644);
+  const credentialsDir = join(dir, "creds");
+  ensureNatsKeys(credentialsDir);
+  const observer = createUser();
+  const observerSeed = new TextDecoder().decode(observer.getSeed());
+  const writeConfig = (port: number) =>
+    writeNatsServerConfig(
+      dir,
+      { host, port },
+      {
+        name: "test",
+        security: {
+          certFile,
+          keyFile,
+          credentialsDir,
+          region: opts.region ?? "test",
+          extraAppUsers: [{ nkey: observer.getPublicKey() }],
+        },
+      },
+    );
+  const files = writeConfig(-1);
   const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
     stdio: ["ignore", "ignore", "pipe"],
   });
   let stderr = "";
   child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  let callout: ReturnType<typeof createNatsAuthCallout> | undefined;
   const stop = async () => {
+    await callout?.close().catch(() => undefined);
+    callout = undefined;
     if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise((r) => child.once("exit", r));
     child.kill("SIGTERM");
@@ -84,7 +170,7 @@ export async function startNats(t: Ctx, opts: { dir?: string } = {}): Promise<Na
   // after the stop: nats-server writes into its folder until it exits
   if (own) t.after(() => removeDir(dir));
   let port = 0;
-  for (let i = 0; i < 200 && !port; i++) {
+  for (let i = 0; i < 400 && !port; i++) {
     const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
     if (f) {
       try {
@@ -100,8 +186,61 @@ export async function startNats(t: Ctx, opts: { dir?: string } = {}): Promise<Na
     }
   }
   if (!port) throw new Error(`nats-server did not write its ports file: ${stderr}`);
-  await waitForNats({ host: "127.0.0.1", port });
-  return { url: `nats://127.0.0.1:${port}`, port, process: child, stop };
+  await waitForNats({ host, port });
+  const url = `tls://${host}:${port}`;
+  const startCallout = async (plugins: NatsAuthCalloutOptions["plugins"], logFile?: string) => {
+    await callout?.close();
+    callout = createNatsAuthCallout({
+      nats: serviceNatsAccess({ url, caFile, credentialsDir, role: "nats-auth-callout" }),
+      issuerSeed: readCalloutIssuerSeed(credentialsDir),
+      plugins,
+      nkeyWorker: {
+        publicKey: () => publicKeyOf(readWorkerSeed(credentialsDir)),
+        region: opts.region ?? "test",
+      },
+      sampling: { initial: 0, thereafter: 1 },
+      logger: logFile
+        ? createLogger("nats-auth-callout", { destination: logFile, sync: true, level: "debug" })
+        : silentLogger(),
+    });
+    await callout.start();
+  };
+  await startCallout({});
+  return {
+    replaceCallout: startCallout,
+    url,
+    host,
+    port,
+    process: child,
+    stop,
+    pki,
+    caFile,
+    credentialsDir,
+    certFile,
+    keyFile,
+    configFile: files.configFile,
+    access: (role) => serviceNatsAccess({ url, caFile, credentialsDir, role }),
+    async observe(name = "test-observer") {
+      const nc = await connect({
+        servers: url,
+        name,
+        tls: { ca: pki.ca.certPem },
+        authenticator: nkeyAuthenticator(new TextEncoder().encode(observerSeed)),
+      });
+      t.after(() => nc.close().catch(() => undefined));
+      return nc;
+    },
+    workerNkeyEnv: () => ({ NKEY_SEED: readWorkerSeed(credentialsDir), NVCF_NATS_CA_PEM: pki.ca.certPem }),
+    reload() {
+      writeConfig(port);
+      child.kill("SIGHUP");
+    },
+    serviceEnv: () => ({
+      CALLPLANE__NATS__URL: url,
+      CALLPLANE__NATS__CREDENTIALS_DIR: credentialsDir,
+      CALLPLANE__NATS__TLS__CA_FILE: caFile,
+    }),
+  };
 }
 
 export interface ApiFixture {
@@ -111,6 +250,12 @@ export interface ApiFixture {
   keysDir: string;
   serviceTokenDir: string;
   adminToken(opts?: { scopes?: readonly string[]; ttlSeconds?: number }): Promise<string>;
+  /** Signs worker identity tokens as the API does (tests forge and check them with it). */
+  identitySigner: IdentitySigner;
+  identityKeyFile: string;
+  /** Stops the API (a test that restarts it with other settings on the same folder and port). */
+  stop(how?: "close" | "destroy"): Promise<void>;
+  dir: string;
   serviceToken(name: ServiceName): string;
   privateKeyFile: string;
   publicKeyFile: string;
@@ -132,6 +277,15 @@ export interface StartApiOptions {
   /** Secret store settings to change (fast refresh and grace by default, for tests). */
   secrets?: Partial<Omit<SecretStoreOptions, "storage" | "provider">> & { provider?: MekProvider };
   logger?: Logger;
+  /** With NATS: the API creates work queues and closes revoked workers' connections. */
+  nats?: Nats;
+  region?: string;
+  workerAuth?: "nkey" | "token";
+  identityTtlSeconds?: number;
+  clusterId?: string;
+  queue?: { maxMessages?: number; maxMessageBytes?: number; ackWaitSeconds?: number };
+  /** A fixed port (a restarted API keeps its address); 0 by default. */
+  port?: number;
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -153,6 +307,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
   const serviceTokens = {
     invocation: readServiceToken(serviceTokenDir, "invocation"),
     compute: readServiceToken(serviceTokenDir, "compute"),
+    "nats-auth-callout": readServiceToken(serviceTokenDir, "nats-auth-callout"),
   };
   const registry = createRegistry("api", { defaultMetrics: false });
   const { provider, ...secretOpts } = opts.secrets ?? {};
@@ -168,8 +323,16 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     ...secretOpts,
   });
   await secrets.start();
+  const identityKeyFile = join(dir, "keys", "worker-identity.key.pem");
+  ensureIdentityKey(identityKeyFile);
+  const identities = openIdentityStore(dbPath);
+  const idSigner = new IdentitySigner(
+    readFileSync(identityKeyFile, "utf8"),
+    opts.clusterId ?? "test",
+    opts.identityTtlSeconds ?? 900,
+  );
   const api = createApiService({
-    listen: { host: "127.0.0.1", port: 0 },
+    listen: { host: "127.0.0.1", port: opts.port ?? 0 },
     store,
     adminPublicKeyPem: readFileSync(publicKeyFile, "utf8"),
     adminIssuerPublicKeyPem: opts.issuer === false ? undefined : readFileSync(issuerPublicKeyFile, "utf8"),
@@ -179,13 +342,32 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     registry,
     ...(opts.logger ? { logger: opts.logger } : {}),
     ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
+    workerTrust: {
+      region: opts.region ?? "test",
+      queue: {
+        maxMessages: opts.queue?.maxMessages ?? 100_000,
+        maxMessageBytes: opts.queue?.maxMessageBytes ?? 6 * 1024 * 1024,
+        replicas: 1,
+        ackWaitSeconds: opts.queue?.ackWaitSeconds ?? 30,
+      },
+      ...(opts.nats ? { nats: { app: opts.nats.access("api"), sys: opts.nats.access("api-revoker") } } : {}),
+      workerAuth: opts.workerAuth ?? "nkey",
+      ...(opts.nats ? { workerNkeySeed: () => readWorkerSeed(opts.nats!.credentialsDir) } : {}),
+      identity: { signer: idSigner, store: identities },
+    },
   });
   const url = (await api.listen()).origin;
-  t.after(async () => {
-    api.destroy();
+  let stopped = false;
+  const stop = async (how: "close" | "destroy" = "close") => {
+    if (stopped) return;
+    stopped = true;
+    if (how === "close") await api.close(1000);
+    else api.destroy();
     await secrets.close();
     await store.close();
-  });
+    await identities.close();
+  };
+  t.after(() => stop("destroy"));
   // after the API and its store are closed
   if (own) t.after(() => removeDir(dir));
   const signer = await createAdminTokenSigner(readFileSync(privateKeyFile, "utf8"), 43_200);
@@ -204,6 +386,10 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     mekFile,
     metrics: () => registry.metrics(),
     adminToken: async (o = {}) => (await signer.sign(o)).token,
+    identitySigner: idSigner,
+    stop,
+    dir,
+    identityKeyFile,
     serviceToken: (name) => serviceTokens[name],
   };
 }

@@ -204,6 +204,8 @@ export interface PlaneOptions {
   invocation?: Partial<InvocationServiceOptions>;
   workerEnv?: Record<string, string>;
   inferenceUrl?: string;
+  /** Options for the API (worker auth mode, identity lifetime). */
+  api?: Omit<NonNullable<Parameters<typeof startApi>[1]>, "dir" | "nats">;
 }
 
 export function workerEnv(
@@ -213,6 +215,7 @@ export function workerEnv(
 ): NodeJS.ProcessEnv {
   return {
     NVCF_FQDN_NATS: plane.nats.url,
+    ...plane.nats.workerNkeyEnv(),
     FUNCTION_ID: plane.fn.functionId,
     FUNCTION_VERSION_ID: plane.fn.versionId,
     FUNCTION_NAME: "test",
@@ -233,7 +236,13 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
   const nats = await startNats(t, { dir: natsDir.dir });
   natsDir.removeAfter(t);
   const apiDir = scratchDir("callplane-api-");
-  const api = await startApi(t, { dir: apiDir.dir });
+  // the API creates the queues, with the plane's limits
+  const api = await startApi(t, {
+    dir: apiDir.dir,
+    nats,
+    ...(opts.queue ? { queue: opts.queue } : {}),
+    ...opts.api,
+  });
   apiDir.removeAfter(t);
   const fn = await deployFunction(api, `fn-${Math.random().toString(36).slice(2, 10)}`, {
     inferenceUrl: opts.inferenceUrl ?? "/echo",
@@ -278,7 +287,7 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
       listen: { host, port: 0 },
       region: "test",
       serviceDomain: "nvcf.svc.cluster.local",
-      natsUrl: nats.url,
+      nats: nats.access("invocation"),
       apiUrl: api.url,
       serviceToken: api.serviceToken("invocation"),
       queue,

@@ -317,7 +317,8 @@ export async function startProcessPlane(t: Ctx, opts: ProcessPlaneOptions = {}):
   const scope = reverseScope(t);
   const dir = tmpDir(scope, "callplane-e2e-");
   const nats = await startNats(scope);
-  const api = await startApi(scope);
+  // the API creates the queue: its consumer's ack wait is the plane's
+  const api = await startApi(scope, { nats, queue: { ackWaitSeconds: opts.ackWaitSeconds ?? 30 } });
   const concurrency = opts.concurrency ?? 4;
   const fn = await deployFunction(api, `e2e-${Math.random().toString(36).slice(2, 10)}`, {
     inferenceUrl: opts.inferenceUrl ?? "/echo",
@@ -330,7 +331,7 @@ export async function startProcessPlane(t: Ctx, opts: ProcessPlaneOptions = {}):
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__GLOBAL__REGION: "test",
     CALLPLANE__LOG__LEVEL: "warn",
-    CALLPLANE__NATS__URL: nats.url,
+    ...nats.serviceEnv(),
     CALLPLANE__NATS__CONSUMER__ACK_WAIT_SECONDS: ackWait,
     CALLPLANE__API__URL: api.url,
     CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,

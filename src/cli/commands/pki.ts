@@ -4,6 +4,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
 import { loadConfig, ConfigError } from "../../lib/config.js";
+import { natsCertNames } from "../../lib/nats-server.js";
 import { cidrHost, parseCidr } from "../../lib/net.js";
 import { TLS_FILES, describeCert, ensureCa, ensureServerCert, stackCertificates } from "../../lib/pki.js";
 import { CliError } from "../errors.js";
@@ -29,6 +30,8 @@ function certificatesOf(config: ReturnType<typeof loadConfig>) {
     upstreamTls: config.workerCallbackProxy.invocation.upstreamTls.enabled,
     frontendCertFile: config.workerCallbackProxy.tls.frontend.certFile,
     replicaIps: Array.from({ length: config.invocation.replicaCount }, (_, i) => cidrHost(net, i + 1)),
+    natsNames: config.nats.server.enabled ? natsCertNames(config.nats.url, config.nats.server.listen) : [],
+    natsCertFile: config.nats.tls.certFile,
   });
 }
 
@@ -45,6 +48,8 @@ function describeFile(file: string) {
     daysLeft,
   };
 }
+
+export { stackConfig };
 
 export function registerPki(program: Command): void {
   const pki = program

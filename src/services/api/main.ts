@@ -3,6 +3,7 @@ import { SERVICE_SCOPES, readServiceToken, samePublicKey, type ServiceName } fro
 import type { Config } from "../../lib/config.js";
 import type { Logger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
+import { natsAccess, readWorkerSeed } from "../../lib/nats-auth.js";
 import {
   createEnvMekProvider,
   createFileMekProvider,
@@ -10,6 +11,8 @@ import {
   type MekProvider,
 } from "../../lib/secrets/mek.js";
 import { parseHostPort } from "../../lib/net.js";
+import { IdentitySigner, ensureIdentityKey, readIdentityKey } from "../../lib/worker-identity.js";
+import { openIdentityStore, openPostgresIdentityStore } from "./identity-store.js";
 import { runService } from "../../lib/service-main.js";
 import { openSqliteSecretStorage } from "./secrets/storage.js";
 import { openPostgresSecretStorage } from "./secrets/storage-postgres.js";
@@ -98,6 +101,11 @@ runService("api", async (config, logger) => {
     await store.close();
     throw err;
   }
+  // the identity signing key is the API's alone: created here, used for nothing else
+  if (ensureIdentityKey(config.auth.workerIdentityKeyFile).created)
+    logger.info({ file: config.auth.workerIdentityKeyFile }, "generated the worker identity signing key");
+  const identities = postgres ? await openPostgresIdentityStore(postgres.pool) : openIdentityStore(db.path);
+  const workerAuth = config.nats.workerAuth;
   const api = createApiService({
     listen: parseHostPort(config.api.listen),
     store,
@@ -110,6 +118,22 @@ runService("api", async (config, logger) => {
     secrets,
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
+    workerTrust: {
+      region: config.global.region,
+      queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
+      nats: { app: natsAccess(config, "api"), sys: natsAccess(config, "api-revoker") },
+      workerAuth,
+      // token mode: the API does not hold the shared worker key at all, so it cannot hand it out
+      ...(workerAuth === "nkey" ? { workerNkeySeed: () => readWorkerSeed(config.nats.credentialsDir) } : {}),
+      identity: {
+        signer: new IdentitySigner(
+          readIdentityKey(config.auth.workerIdentityKeyFile),
+          config.compute.workerIdentity.clusterId,
+          config.compute.workerIdentity.tokenTtlSeconds,
+        ),
+        store: identities,
+      },
+    },
     logger,
     registry,
   });
@@ -120,6 +144,7 @@ runService("api", async (config, logger) => {
       await api.close(graceMs);
       await secrets.close();
       await store.close();
+      await identities.close();
     },
     destroy: () => api.destroy(),
   };

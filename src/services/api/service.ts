@@ -48,6 +48,7 @@ import {
   type Store,
 } from "./store/types.js";
 import { z } from "zod";
+import { createWorkerTrust, type WorkerTrustOptions } from "./worker-trust.js";
 
 export interface ApiServiceOptions {
   listen: HostPort;
@@ -66,6 +67,8 @@ export interface ApiServiceOptions {
   /** Token values of callplane's own services, by service. */
   serviceTokens: Partial<Record<ServiceName, string>>;
   maxBodyBytes?: number;
+  /** Work queues, worker NATS credentials, worker identity, the NATS auth webhook. */
+  workerTrust: WorkerTrustOptions;
   ncaId?: string;
   logger?: Logger;
   registry?: Registry;
@@ -203,6 +206,8 @@ const instanceReportSchema = z.strictObject({
       backend: z.string(),
       location: z.string(),
       message: z.string().max(2048).optional(),
+      /** The worker identifier, while the instance is active (the seed PR's WorkerAuth). */
+      workerAuth: z.strictObject({ workerIdentifier: z.string().max(256) }).optional(),
       createdAt: z.string(),
       updatedAt: z.string(),
     }),
@@ -395,6 +400,23 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   const router = new Router();
   const json = (req: IncomingMessage) => readJson(req, limit);
   const sensitiveJson = (req: IncomingMessage) => readJson(req, limit, { sensitive: true });
+  const trust = createWorkerTrust(opts.workerTrust, {
+    store,
+    logger,
+    authorize,
+    async readBody(req) {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      for await (const c of req as AsyncIterable<Buffer>) {
+        size += c.length;
+        if (size > limit)
+          throw new CallplaneError("BODY_TOO_LARGE", `the body is larger than the limit of ${limit} bytes`);
+        chunks.push(c);
+      }
+      return Buffer.concat(chunks);
+    },
+  });
+  trust.mount(router);
 
   // ---- functions and versions (contract §5.1)
   router.add("POST", "/v2/nvcf/functions", async ({ req, res }) => {
@@ -556,6 +578,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
       { functionId: v.functionId, versionId: v.versionId, deploymentId: d.deploymentId },
       "deployment created",
     );
+    // the queue exists before any worker or invocation needs it (workers may not create it)
+    await trust.ensureQueueSoft(v.versionId);
     sendJson(res, 200, { deployment: await deploymentDto(d) });
   });
 
@@ -702,6 +726,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
         `function ${body.functionId} has no deployed version; deploy one with \`callplane deploy create\``,
       );
     }
+    // on first invocation at the latest (remembered per process, so this costs nothing after)
+    await Promise.all(candidates.map((v) => trust.ensureQueueSoft(v.versionId)));
     sendJson(res, 200, {
       functionId: body.functionId,
       functionName: versions[0].name,
@@ -736,13 +762,19 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
           secretsRevision: revisions.get(d.versionId) ?? 0,
         });
     }
-    sendJson(res, 200, { deployments: out });
+    await Promise.all(out.map((d) => trust.ensureQueueSoft(d.versionId)));
+    const nats = trust.workerNatsEnv();
+    sendJson(res, 200, { deployments: out, workerAuth: nats.workerAuth, workerNatsEnv: nats.env });
   });
 
   router.add("PUT", "/v1/internal/instances", async ({ req, res }) => {
     await authorize(req, "internal:instances");
     const body = parseBody(instanceReportSchema, await json(req));
-    await store.reportInstances(body.reporter, body.instances);
+    await store.reportInstances(
+      body.reporter,
+      body.instances.map(({ workerAuth: _w, ...i }) => i),
+    );
+    await trust.onReport(body.reporter, body.instances);
     res.writeHead(204).end();
   });
 
@@ -787,9 +819,16 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     http,
     async listen() {
       await verifierPromise;
+      await trust.start();
       return http.listen();
     },
-    close: (graceMs) => http.close(graceMs),
-    destroy: () => http.destroy(),
+    async close(graceMs) {
+      await http.close(graceMs);
+      await trust.close();
+    },
+    destroy: () => {
+      http.destroy();
+      trust.destroy();
+    },
   };
 }

@@ -9,6 +9,7 @@ import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
 import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
 import { LocalInstance, type DesiredDeployment, type InstanceEnvironment } from "./local.js";
 import { prepareSecretsRoot, type FetchedSecrets } from "./secrets.js";
+import { identityProvider, type IdentityProvider, type TokenSource } from "./identity.js";
 
 export interface ComputeAgentOptions {
   listen: HostPort;
@@ -17,12 +18,14 @@ export interface ComputeAgentOptions {
   instanceNetwork: string;
   syncIntervalMs: number;
   reporter: string;
-  instanceEnv: InstanceEnvironment;
+  instanceEnv: Omit<InstanceEnvironment, "identity" | "workerNatsEnv" | "secrets">;
   /**
    * Where instances get their secrets (compute.secrets): each instance a folder under `root`.
    * Without it, instances get no secrets.
    */
   secrets?: { root: string; env: boolean };
+  /** compute.workerIdentity.tokenSource, normalised ("" is the default source). */
+  tokenSource: TokenSource;
   logger?: Logger;
   registry?: Registry;
 }
@@ -62,17 +65,27 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
     return text ? (JSON.parse(text) as unknown) : undefined;
   };
 
-  const instanceEnv: InstanceEnvironment = opts.secrets
-    ? {
-        ...opts.instanceEnv,
-        secrets: {
-          root: opts.secrets.root,
-          env: opts.secrets.env,
-          fetch: async (fid, vid) =>
-            (await api("GET", `/v1/internal/secrets/functions/${fid}/versions/${vid}`)) as FetchedSecrets,
-        },
-      }
-    : opts.instanceEnv;
+  // where each instance's identity comes from (the `api` source: the control-plane API signs it)
+  const identity: IdentityProvider = identityProvider(opts.tokenSource, {
+    apiUrl: opts.apiUrl,
+    serviceToken: opts.serviceToken,
+  });
+  let workerNatsEnv: Record<string, string> = {};
+  const instanceEnv: InstanceEnvironment = {
+    ...opts.instanceEnv,
+    identity,
+    workerNatsEnv: () => workerNatsEnv,
+    ...(opts.secrets
+      ? {
+          secrets: {
+            root: opts.secrets.root,
+            env: opts.secrets.env,
+            fetch: async (fid: string, vid: string) =>
+              (await api("GET", `/v1/internal/secrets/functions/${fid}/versions/${vid}`)) as FetchedSecrets,
+          },
+        }
+      : {}),
+  };
 
   /** The agent's own secrets folder (stack-<hash>) goes with it; each instance removed its own. */
   const removeSecretsRoot = () => {
@@ -139,6 +152,7 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
         backend: "local",
         location: i.host,
         ...(i.message ? { message: i.message.slice(0, 2000) } : {}),
+        ...(i.workerIdentifier ? { workerAuth: { workerIdentifier: i.workerIdentifier } } : {}),
         createdAt: i.createdAt,
         updatedAt: i.updatedAt,
       })),
@@ -146,9 +160,14 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
   }
 
   async function sync(): Promise<void> {
-    const { deployments } = (await api("GET", "/v1/internal/deployments")) as {
+    const desired = (await api("GET", "/v1/internal/deployments")) as {
       deployments: DesiredDeployment[];
+      workerNatsEnv?: Record<string, string>;
     };
+    const deployments = desired.deployments;
+    // instances started from now on get what the API says now (a mode switch reaches new workers
+    // only; running ones keep what they started with)
+    workerNatsEnv = desired.workerNatsEnv ?? {};
     lastSyncOk = true;
     const wanted = new Map(deployments.map((d) => [d.deploymentId, d]));
     const stops: Array<Promise<void>> = [];

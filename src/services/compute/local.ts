@@ -12,6 +12,7 @@ import type { Logger } from "../../lib/log.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
 import type { InstanceStatus } from "../api/store/types.js";
 import { InstanceSecrets, type InstanceSecretsConfig } from "./secrets.js";
+import { InstanceIdentity, type IdentityProvider } from "./identity.js";
 
 const distRoot = join(fileURLToPath(import.meta.url), "..", "..", "..", "..");
 export const EXAMPLE_IMAGES = [
@@ -65,6 +66,12 @@ export interface InstanceEnvironment {
   workerExtraEnv: Record<string, string>;
   /** Where and how instances get their function's secrets; without it, they get none. */
   secrets?: InstanceSecretsConfig;
+  /** PEM of the CA of the NATS server's certificate, handed to workers. */
+  natsCaPem: string;
+  /** Where instance identities come from (provisioned before any worker starts). */
+  identity: IdentityProvider;
+  /** What the API said workers get to reach NATS (NKEY_SEED or NVCF_NATS_ACCOUNT), at the last sync. */
+  workerNatsEnv: () => Record<string, string>;
 }
 
 /** The command that runs a function's inference server on the local backend, or why there is none. */
@@ -114,7 +121,11 @@ function canConnect(host: string, port: number, signal: AbortSignal): Promise<bo
 }
 
 export class LocalInstance {
-  readonly instanceId = randomUUID();
+  private id = randomUUID();
+  /** Its id; a start attempt after a failed one is a new instance with a new id (a revoked identity stays revoked). */
+  get instanceId(): string {
+    return this.id;
+  }
   status: InstanceStatus = "STARTING";
   message: string | undefined;
   readonly createdAt = new Date().toISOString();
@@ -126,6 +137,8 @@ export class LocalInstance {
   private secrets: InstanceSecrets | undefined;
   private refreshing: Promise<void> | undefined;
   private wantedRevision = 0;
+  private identity: InstanceIdentity | undefined;
+  private starting: AbortController | undefined;
 
   constructor(
     readonly deployment: DesiredDeployment,
@@ -222,6 +235,15 @@ export class LocalInstance {
     })();
   }
 
+  /** The worker identifier, while the instance holds an identity (reported as WorkerAuth). */
+  get workerIdentifier(): string | undefined {
+    return this.status === "TERMINATED" ? undefined : this.identity?.workerIdentifier;
+  }
+
+  get tokenFile(): string | undefined {
+    return this.identity?.tokenFile;
+  }
+
   start(): void {
     const check = inferenceCommand(this.deployment, this.host);
     if ("error" in check) {
@@ -244,7 +266,64 @@ export class LocalInstance {
       this.set("ERRORED", cmd.error);
       return;
     }
+    const ac = new AbortController();
+    this.starting = ac;
+    void this.provisionAndSpawn(cmd, ac.signal);
+  }
+
+  /**
+   * Provisions the identity, then starts the processes; a failure to provision starts nothing and
+   * is retried with backoff, and a failure after provisioning undoes it before the retry.
+   */
+  private async provisionAndSpawn(
+    cmd: { command: string; args: string[]; env: Record<string, string> },
+    signal: AbortSignal,
+  ): Promise<void> {
+    const d = this.deployment;
     const base = join(this.env.dataDir, "instances", `${d.name}-${this.slot}`);
+    let delay = this.env.restart.initialMs;
+    while (!signal.aborted) {
+      const identity = new InstanceIdentity(
+        this.env.identity,
+        {
+          instanceId: this.instanceId,
+          functionId: d.functionId,
+          versionId: d.versionId,
+          deploymentId: d.deploymentId,
+        },
+        join(base, "identity"),
+        this.logger,
+      );
+      try {
+        await identity.provision();
+        if (signal.aborted) {
+          await identity.cleanup();
+          return;
+        }
+        this.identity = identity;
+        this.spawn(cmd, base, identity.tokenFile);
+        return;
+      } catch (err) {
+        this.identity = undefined;
+        await identity.cleanup();
+        this.set(
+          "ERRORED",
+          `could not provision the worker identity (${this.env.identity.source}), so no worker was started: ${(err as Error).message}; retrying`,
+        );
+      }
+      await sleep(delay, undefined, { signal }).catch(() => undefined);
+      if (signal.aborted) return;
+      this.id = randomUUID();
+      delay = Math.min(delay * 2, this.env.restart.maxMs);
+    }
+  }
+
+  private spawn(
+    cmd: { command: string; args: string[]; env: Record<string, string> },
+    base: string,
+    tokenFile: string,
+  ): void {
+    const d = this.deployment;
     const logs = join(this.env.dataDir, "logs", "instances");
     const restart = { enabled: true, ...this.env.restart };
     this.inference = new SupervisedChild({
@@ -281,6 +360,10 @@ export class LocalInstance {
         INFERENCE_HEALTH_TIMEOUT: d.spec.health.timeout,
         INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE: String(d.spec.health.expectedStatusCode),
         MAX_REQUEST_CONCURRENCY: String(spec.maxRequestConcurrency),
+        NVCF_TOKEN_FILE_PATH: tokenFile,
+        NVCF_IDENTITY_SOURCE: this.env.identity.source,
+        NVCF_NATS_CA_PEM: this.env.natsCaPem,
+        ...this.env.workerNatsEnv(),
         HEALTH_HOST: this.host,
         HEALTH_PORT: "8080",
         BASE_RESPONSE_DIR: join(base, "responses"),
@@ -367,10 +450,12 @@ export class LocalInstance {
   async stop(): Promise<void> {
     this.stopped = true;
     this.recovery?.abort();
+    this.starting?.abort();
     await this.worker?.stop(this.env.stopGraceMs);
     await this.inference?.stop(this.env.stopGraceMs);
     await this.refreshing;
     this.secrets?.remove();
+    await this.identity?.cleanup();
     this.set("TERMINATED");
   }
 
@@ -382,6 +467,7 @@ export class LocalInstance {
   killNow(): void {
     this.stopped = true;
     this.recovery?.abort();
+    this.starting?.abort();
     this.worker?.killNow();
     this.inference?.killNow();
     try {

@@ -8,6 +8,7 @@ import { parseHostPort } from "../../lib/net.js";
 import { runService } from "../../lib/service-main.js";
 import { createComputeAgent } from "./agent.js";
 import { secretsRoot } from "./secrets.js";
+import { tokenSource } from "./identity.js";
 
 /**
  * What workers need to call back through the callback proxy on this machine: its name mapped to its
@@ -53,11 +54,13 @@ runService(
         },
         logLevel: config.log.level,
         workerExtraEnv: workerProxyEnv(config),
+        natsCaPem: readFileSync(config.nats.tls.caFile, "utf8"),
       },
       secrets: {
         root: secretsRoot(config.global.dataDir, config.compute.secrets.dir),
         env: config.compute.secrets.env,
       },
+      tokenSource: tokenSource(config.compute.workerIdentity.tokenSource),
       logger,
     });
     // Fix: an agent that dies (an uncaught error, a second stop signal) left its inference servers

@@ -1,6 +1,7 @@
 import { join } from "node:path";
 import { readServiceToken } from "../../lib/auth.js";
 import { TLS_FILES, invocationCertFolder } from "../../lib/pki.js";
+import { natsAccess } from "../../lib/nats-auth.js";
 import { runService } from "../../lib/service-main.js";
 import { createInvocationService } from "./service.js";
 
@@ -22,7 +23,7 @@ runService(
       serviceDomain: config.global.serviceDomain,
       selfAddress:
         config.invocation.selfAddress || config.global.workerEndpoints.invocationServiceURL || undefined,
-      natsUrl: config.nats.url,
+      nats: natsAccess(config, "invocation"),
       apiUrl: config.api.url,
       serviceToken: readServiceToken(config.auth.serviceTokenDir, "invocation"),
       inlineBodyBytes: config.invocation.inlineBodyBytes,

@@ -41,6 +41,8 @@ import { PumpLimitError, pump, readFramedHead, readPrefix } from "../../lib/stre
 import { AuthCache, type Grant, type GrantVersion } from "./auth-cache.js";
 import { RELAYED_HEADER, Relay } from "./relay.js";
 import { isIPv4 } from "node:net";
+import { request } from "undici";
+import { pollBucket, type NatsAccess } from "../../lib/nats-auth.js";
 
 export interface InvocationServiceOptions {
   listen: HostPort;
@@ -48,7 +50,8 @@ export interface InvocationServiceOptions {
   serviceDomain: string;
   /** Overrides the pod address handed to workers (WORKER_STREAM_PROPERTIES__SELF_ADDRESS upstream). */
   selfAddress?: string;
-  natsUrl: string;
+  /** How this replica reaches NATS (natsAccess(config, "invocation")). */
+  nats: NatsAccess;
   apiUrl: string;
   serviceToken: string;
   inlineBodyBytes?: number;
@@ -212,7 +215,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
   }
 
   function pollKvBucket(): Promise<KV> {
-    pollKv ??= new Kvm(nc!).create(`requestToFunctionVersion_${opts.region}`, {
+    pollKv ??= new Kvm(nc!).create(pollBucket(opts.region), {
       history: 1,
       ttl: 3600_000,
       storage: "memory" as never,
@@ -353,7 +356,6 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
 
   async function publish(fvid: string, requestId: string, data: Uint8Array): Promise<void> {
     for (let attempt = 0; ; attempt++) {
-      await queues!.ensure(fvid);
       try {
         // No Nats-Msg-Id: the stream already keeps one message per subject, and the subject ends in
         // the request id, so a repeated publish is refused as a duplicate (and taken as success
@@ -372,8 +374,12 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
             },
           );
         }
+        // The API creates every deployed version's queue; one that is missing (removed by hand,
+        // a NATS store lost) is asked for again, once.
         if (kind === "no-stream" && attempt === 0) {
-          queues!.forget(fvid);
+          await ensureQueueAtApi(fvid).catch((e: unknown) =>
+            logger.warn({ fvid, err: (e as Error).message }, "the API could not create the work queue"),
+          );
           continue;
         }
         throw new CallplaneError(
@@ -383,6 +389,17 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         );
       }
     }
+  }
+
+  async function ensureQueueAtApi(fvid: string): Promise<void> {
+    const res = await request(new URL(`/v1/internal/work-queues/${fvid}`, opts.apiUrl), {
+      method: "PUT",
+      headers: { authorization: `Bearer ${opts.serviceToken}` },
+      headersTimeout: 10_000,
+      bodyTimeout: 10_000,
+    });
+    const text = await res.body.text();
+    if (res.statusCode >= 300) throw new Error(`the API answered ${res.statusCode}: ${text.slice(0, 300)}`);
   }
 
   async function invoke(
@@ -511,7 +528,9 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     );
     track(p, windowSeconds);
     try {
-      await nc!.request(subjects.polling(requestId), data, { timeout: statusTimeoutMs });
+      await nc!.request(subjects.polling(rec.functionVersionId, requestId), data, {
+        timeout: statusTimeoutMs,
+      });
     } catch (err) {
       release(p);
       // Nobody listens for this request's polls any more: the worker finished it, gave up on it
@@ -823,7 +842,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     holderId,
     registry,
     async listen() {
-      nc = await connectNats(opts.natsUrl, `invocation-${holderHex(holderId)}`, logger);
+      nc = await connectNats(opts.nats, `invocation-${holderHex(holderId)}`, logger);
       js = jetstream(nc);
       queues = new WorkQueues(nc, opts.region, opts.queue);
       const url = await http.listen();

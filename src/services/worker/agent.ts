@@ -16,7 +16,9 @@ import {
   createRegistry,
   type Registry,
 } from "../../lib/metrics.js";
-import { WorkQueues, connectNats, subjects } from "../../lib/queue.js";
+import { readFileSync } from "node:fs";
+import { INBOX, workerAuthToken, type NatsAccess } from "../../lib/nats-auth.js";
+import { connectNats, subjects } from "../../lib/queue.js";
 import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { OutputSlot } from "./output-slot.js";
@@ -28,6 +30,25 @@ export interface WorkerAgent {
   close(graceMs?: number): Promise<void>;
   destroy(): void;
   readonly registry: Registry;
+}
+
+/** How the worker connects: the shared nkey, or the identity token in its file, read at every (re)connect. */
+export function workerNatsAccess(cfg: WorkerConfig): NatsAccess {
+  const a = cfg.natsAuth;
+  if (a.kind === "nkey") {
+    return {
+      url: cfg.natsUrl,
+      caPem: cfg.natsCaPem,
+      auth: { nkeySeed: a.seed },
+      inboxPrefix: INBOX.nkeyWorker(cfg.instanceId || String(process.pid)),
+    };
+  }
+  return {
+    url: cfg.natsUrl,
+    caPem: cfg.natsCaPem,
+    auth: { token: () => workerAuthToken(a.account, readFileSync(a.tokenFile, "utf8").trim()) },
+    inboxPrefix: INBOX.tokenWorker(cfg.instanceId),
+  };
 }
 
 export function createWorkerAgent(
@@ -127,6 +148,25 @@ export function createWorkerAgent(
     }
   }
 
+  /**
+   * The control plane creates the version's queue (workers may not); until it exists, wait.
+   */
+  async function waitForConsumer(conn: NatsConnection): Promise<Consumer> {
+    const stream = subjects.stream(cfg.region, cfg.functionVersionId);
+    const name = subjects.consumer(cfg.region, cfg.functionVersionId);
+    for (let said = false; ;) {
+      try {
+        return await jetstream(conn).consumers.get(stream, name);
+      } catch (err) {
+        if (!/not found/i.test(String(err)) || stopController.signal.aborted) throw err;
+        if (!said)
+          logger.info({ stream, consumer: name }, "waiting for the control plane to create the work queue");
+        said = true;
+        await sleep(1000, undefined, { signal: stopController.signal });
+      }
+    }
+  }
+
   async function handle(m: JsMsg): Promise<void> {
     const started = performance.now();
     const keepAlive = setInterval(() => m.working(), cfg.keepAliveMs);
@@ -206,17 +246,10 @@ export function createWorkerAgent(
         freeSlots.push(await OutputSlot.create(join(cfg.responseDir, `slot-${k}`)));
       await waitForInference();
       nc = await connectNats(
-        cfg.natsUrl,
+        workerNatsAccess(cfg),
         `worker_${cfg.functionVersionId}_${cfg.instanceId || process.pid}`,
         logger,
       );
-      const queues = new WorkQueues(nc, cfg.region, {
-        maxMessages: cfg.streamMaxMessages,
-        maxMessageBytes: cfg.streamMaxMessageBytes,
-        replicas: cfg.streamReplicas,
-        ackWaitSeconds: cfg.ackWaitSeconds,
-      });
-      await queues.ensure(cfg.functionVersionId);
       cancelSub = nc.subscribe(subjects.cancel(cfg.functionVersionId), {
         callback: (err, m) => {
           if (err) return;
@@ -228,10 +261,7 @@ export function createWorkerAgent(
           }
         },
       });
-      const consumer = await jetstream(nc).consumers.get(
-        subjects.stream(cfg.region, cfg.functionVersionId),
-        subjects.consumer(cfg.region, cfg.functionVersionId),
-      );
+      const consumer = await waitForConsumer(nc);
       ready = true;
       loop = pullLoop(consumer);
       loop.catch((err: unknown) => logger.error({ err }, "pull loop stopped"));

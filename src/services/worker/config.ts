@@ -51,6 +51,16 @@ const envSchema = z.object({
   /** callplane: the address the health listener binds (a pod binds all; one machine binds its instance address). */
   HEALTH_HOST: z.string().default("0.0.0.0"),
   BASE_RESPONSE_DIR: z.string().default("/tmp/callplane-worker/responses"),
+  /** nkey mode: the shared worker nkey seed the API hands out (contract §3.4). */
+  NKEY_SEED: z.string().default(""),
+  /** token mode: the account to ask for (the API sends APP; an older worker asks for Worker). */
+  NVCF_NATS_ACCOUNT: z.string().default("Worker"),
+  /** The worker's identity token, refreshed in place by the compute agent (PR #847's names). */
+  NVCF_TOKEN_FILE_PATH: z.string().default(""),
+  NVCF_IDENTITY_SOURCE: z.string().default(""),
+  /** callplane: the CA of the NATS server's certificate (PEM, or colon-separated PEM files). */
+  NVCF_NATS_CA_PEM: z.string().default(""),
+  NVCF_NATS_CA_FILE: z.string().default(""),
   NVCF_PROXY_CA_PEM: z.string().default(""),
   NVCF_PROXY_CA_FILE: z.string().default(""),
   /** callplane: the region whose queue this worker serves (upstream learns it from ConnectOnce). */
@@ -74,6 +84,10 @@ export type WorkerEnv = z.infer<typeof envSchema>;
 
 export interface WorkerConfig {
   natsUrl: string;
+  /** How the worker proves itself to NATS: the shared nkey, or its own identity token file. */
+  natsAuth: { kind: "nkey"; seed: string } | { kind: "token"; tokenFile: string; account: string };
+  natsCaPem: string;
+  identitySource: string;
   functionId: string;
   functionVersionId: string;
   functionName: string;
@@ -112,16 +126,14 @@ export function isoDurationMs(text: string): number {
   return ((Number(m[1] ?? 0) * 60 + Number(m[2] ?? 0)) * 60 + Number(m[3] ?? 0)) * 1000;
 }
 
-/** NVCF_PROXY_CA_PEM plus the PEM files NVCF_PROXY_CA_FILE lists (colon-separated). */
-function proxyCa(pem: string, files: string): string {
+/** A PEM variable plus the PEM files its _FILE sibling lists (colon-separated). */
+function proxyCa(pem: string, files: string, name = "NVCF_PROXY_CA_FILE"): string {
   const parts = pem.trim() ? [pem.trim()] : [];
   for (const f of files.split(":").filter(Boolean)) {
     try {
       parts.push(readFileSync(f, "utf8").trim());
     } catch (err) {
-      throw new ConfigError("worker environment", [
-        `NVCF_PROXY_CA_FILE: cannot read ${f}: ${(err as Error).message}`,
-      ]);
+      throw new ConfigError("worker environment", [`${name}: cannot read ${f}: ${(err as Error).message}`]);
     }
   }
   return parts.join("\n");
@@ -144,8 +156,28 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     throw new ConfigError("worker environment", [(err as Error).message]);
   }
   parseHostPort(`${e.HEALTH_HOST.includes(":") ? `[${e.HEALTH_HOST}]` : e.HEALTH_HOST}:${e.HEALTH_PORT}`);
+  let natsAuth: WorkerConfig["natsAuth"];
+  if (e.NKEY_SEED) natsAuth = { kind: "nkey", seed: e.NKEY_SEED };
+  else if (e.NVCF_TOKEN_FILE_PATH) {
+    if (!e.INSTANCE_ID)
+      throw new ConfigError("worker environment", [
+        "INSTANCE_ID: must be set when the worker authenticates with its identity token (NVCF_TOKEN_FILE_PATH): its NATS inbox is bound to it",
+      ]);
+    natsAuth = { kind: "token", tokenFile: e.NVCF_TOKEN_FILE_PATH, account: e.NVCF_NATS_ACCOUNT };
+  } else
+    throw new ConfigError("worker environment", [
+      "NKEY_SEED, NVCF_TOKEN_FILE_PATH: the worker has no NATS credentials; the compute agent sets one of them (nkey or token mode, nats.workerAuth)",
+    ]);
+  const natsCaPem = proxyCa(e.NVCF_NATS_CA_PEM, e.NVCF_NATS_CA_FILE, "NVCF_NATS_CA_FILE");
+  if (!natsCaPem)
+    throw new ConfigError("worker environment", [
+      "NVCF_NATS_CA_PEM, NVCF_NATS_CA_FILE: the worker needs the CA of the NATS server's certificate (NATS requires TLS)",
+    ]);
   return {
     natsUrl: e.NVCF_FQDN_NATS,
+    natsAuth,
+    natsCaPem,
+    identitySource: e.NVCF_IDENTITY_SOURCE,
     functionId: e.FUNCTION_ID,
     functionVersionId: e.FUNCTION_VERSION_ID,
     functionName: e.FUNCTION_NAME,

@@ -394,7 +394,7 @@ export class WorkItem {
 
   private listenForPolls(): void {
     if (this.pollSub) return;
-    this.pollSub = this.deps.nc.subscribe(subjects.polling(this.requestId), {
+    this.pollSub = this.deps.nc.subscribe(subjects.polling(this.deps.cfg.functionVersionId, this.requestId), {
       callback: (err, m) => {
         if (err) return;
         let poll: WorkRequest;
