@@ -24,8 +24,6 @@ export type GlobalOptions = {
 export const DEFAULT_API_URL = "http://127.0.0.1:8080";
 export const DEFAULT_ISSUER_URL = "http://127.0.0.1:8081";
 export const DEFAULT_CONFIG_FILE = "~/.config/callplane/config.yaml";
-export const DEFAULT_STATE_FILE = "~/.config/callplane/state.json";
-
 /** A value and a phrase that says where it came from ("CALLPLANE_API_URL", "the --api flag", ...). */
 export interface Sourced<T = string> {
   value: T;

@@ -5,7 +5,7 @@
 // mounts them: a folder with tls.crt, tls.key and ca.crt.
 import "reflect-metadata";
 import * as x509 from "@peculiar/x509";
-import { X509Certificate, createHash, createPrivateKey, randomBytes, webcrypto } from "node:crypto";
+import { X509Certificate, createPrivateKey, randomBytes, webcrypto } from "node:crypto";
 
 type CryptoKey = webcrypto.CryptoKey;
 import { existsSync, readFileSync } from "node:fs";
@@ -191,10 +191,6 @@ export async function ensureServerCert(
   writeFileAtomic(certFile, certPem, 0o644);
   writeFileAtomic(join(folder, TLS_FILES.ca), ca.certPem, 0o644);
   return "issued";
-}
-
-export function certFingerprint(pem: string): string {
-  return createHash("sha256").update(pem).digest("hex").slice(0, 16);
 }
 
 export interface StackCertificate {

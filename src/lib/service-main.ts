@@ -11,7 +11,7 @@ export interface Running {
   destroy(): void;
 }
 
-export function configFileFromArgs(argv = process.argv.slice(2)): string | undefined {
+function configFileFromArgs(argv = process.argv.slice(2)): string | undefined {
   const i = argv.indexOf("--config");
   if (i !== -1) return argv[i + 1];
   return process.env.CALLPLANE_CONFIG || undefined;

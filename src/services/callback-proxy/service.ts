@@ -19,10 +19,10 @@ import {
   SOCKET_BUFFER_BYTES,
   formatHostPort,
   parseCidr,
-  undashIp,
   widenSocketBuffers,
   type HostPort,
 } from "../../lib/net.js";
+import { podNameLookup } from "../../lib/pod-lookup.js";
 import type { TlsMaterial } from "../../lib/tls-reload.js";
 import { checkAuthority, checkTarget, type PodTarget, type TargetRules } from "./target.js";
 
@@ -116,23 +116,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
         secureContext: createSecureContext({ ca: podCa }),
         rejectUnauthorized: true,
         // the pod's address comes from its name, never from DNS
-        lookup: (
-          hostname: string,
-          options: { all?: boolean },
-          cb: (
-            err: Error | null,
-            address: string | Array<{ address: string; family: number }>,
-            family?: number,
-          ) => void,
-        ) => {
-          const ip = undashIp(hostname.split(".")[0] ?? "");
-          if (!ip) {
-            cb(new Error(`${hostname} is not a pod address`), "");
-            return;
-          }
-          if (options.all) cb(null, [{ address: ip, family: 4 }]);
-          else cb(null, ip, 4);
-        },
+        lookup: podNameLookup(),
         checkServerIdentity: checkPodIdentity,
       },
     });

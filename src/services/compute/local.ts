@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { request } from "undici";
 import type { Logger } from "../../lib/log.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
-import type { InstanceStatus } from "../api/store/types.js";
+import type { InstanceStatus } from "../../lib/instance-status.js";
 
 const distRoot = join(fileURLToPath(import.meta.url), "..", "..", "..", "..");
 export const EXAMPLE_IMAGES = [

@@ -5,9 +5,9 @@
 // one API call. Keys are held only as SHA-256 hashes.
 import { createHash } from "node:crypto";
 import { Agent, request } from "undici";
-import { CallplaneError, ERROR_CODES, type ErrorCode, type Problem } from "../../lib/errors.js";
-import type { Logger } from "../../lib/log.js";
-import { Counter, type Registry } from "../../lib/metrics.js";
+import { CallplaneError, ERROR_CODES, type ErrorCode, type Problem } from "../lib/errors.js";
+import type { Logger } from "../lib/log.js";
+import { Counter, type Registry } from "../lib/metrics.js";
 
 export interface GrantVersion {
   functionVersionId: string;

@@ -5,8 +5,8 @@
 // comes from the registry, never from the callback itself, so a relay can reach only live replicas.
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { holderHex } from "./ids.js";
-import type { Logger } from "./log.js";
+import { holderHex } from "../lib/ids.js";
+import type { Logger } from "../lib/log.js";
 
 export interface ReplicaEntry {
   holder: string;

@@ -1,0 +1,74 @@
+// Putting work on a function version's queue and taking it back: the publish (with the stream made
+// on first use and again if it vanished; a duplicate request id counts as published; a full queue
+// and a silent JetStream are told apart), and the cancel (a broadcast to the version's workers, and
+// a purge of the message if no worker took it yet). The invocation service and grpc-proxy share it.
+import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { CallplaneError } from "../lib/errors.js";
+import type { Logger } from "../lib/log.js";
+import { WorkQueues, classifyPublishError, subjects, type QueueLimits } from "../lib/queue.js";
+
+export class WorkPublisher {
+  private readonly js: JetStreamClient;
+  private readonly queues: WorkQueues;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly region: string,
+    private readonly limits: QueueLimits,
+    private readonly logger: Logger,
+  ) {
+    this.js = jetstream(nc);
+    this.queues = new WorkQueues(nc, region, limits);
+  }
+
+  async publish(fvid: string, requestId: string, data: Uint8Array): Promise<void> {
+    for (let attempt = 0; ; attempt++) {
+      await this.queues.ensure(fvid);
+      try {
+        // No Nats-Msg-Id: the stream already keeps one message per subject, and the subject ends in
+        // the request id, so a repeated publish is refused as a duplicate (and taken as success
+        // below) without a header and a dedupe-window entry on every message.
+        await this.js.publish(subjects.work(this.region, fvid, requestId), data);
+        return;
+      } catch (err) {
+        const kind = classifyPublishError(err);
+        if (kind === "duplicate") return;
+        if (kind === "full") {
+          throw new CallplaneError(
+            "QUEUE_FULL",
+            `the queue of function version ${fvid} is full (${this.limits.maxMessages} waiting requests); retry later or deploy more instances`,
+            { cause: err },
+          );
+        }
+        if (kind === "no-stream" && attempt === 0) {
+          this.queues.forget(fvid);
+          continue;
+        }
+        throw new CallplaneError(
+          "UNAVAILABLE",
+          "the work queue (NATS JetStream) did not accept the request; retry shortly",
+          { cause: err },
+        );
+      }
+    }
+  }
+
+  /** Tells the version's workers to stop the request and removes its message if none took it yet. */
+  cancel(fvid: string, requestId: string, why: string): void {
+    this.logger.debug({ requestId, why }, "cancelling request");
+    try {
+      this.nc.publish(subjects.cancel(fvid), requestId);
+    } catch (err) {
+      this.logger.warn({ requestId, err }, "could not publish the cancel");
+    }
+    this.queues
+      .manager()
+      .then((jsm) =>
+        jsm.streams.purge(subjects.stream(this.region, fvid), {
+          filter: subjects.work(this.region, fvid, requestId),
+        }),
+      )
+      .catch((err: unknown) => this.logger.debug({ requestId, err }, "purge after cancel failed"));
+  }
+}
