@@ -10,9 +10,16 @@ function resolve(fn: LookupFunction, name: string): Promise<string> {
 }
 
 test("pod names resolve to the address they carry; the static map comes first", async () => {
-  const fn = podAwareLookup(new Map([["invocation.worker.test", "127.0.0.9"]]), "nvcf.svc.cluster.local");
+  const fn = podAwareLookup(
+    new Map([
+      ["invocation.worker.test", "127.0.0.9"],
+      ["*.worker.test", "127.0.0.8"],
+    ]),
+    "nvcf.svc.cluster.local",
+  );
   assert.equal(await resolve(fn, "10-0-1-5.invocation.nvcf.svc.cluster.local"), "10.0.1.5");
   assert.equal(await resolve(fn, "Invocation.Worker.Test"), "127.0.0.9");
+  assert.equal(await resolve(fn, "127-0-2-1.worker.test"), "127.0.0.8");
   assert.equal(await resolve(fn, "localhost"), "127.0.0.1");
 });
 

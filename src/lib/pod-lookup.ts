@@ -21,13 +21,15 @@ function answer(ip: string, options: LookupOptions, callback: LookupCallback): v
 }
 
 /**
- * A resolver for names no DNS serves on one machine: the static map first, then
+ * A resolver for names no DNS serves on one machine: the static map first (exact names, then
+ * `*.<domain>` wildcards), then
  * `<dashed-ip>.<anything>.<service domain>` as that IP, as cluster DNS would; else the system's DNS.
  */
 export function podAwareLookup(hostMap: ReadonlyMap<string, string>, serviceDomain: string): LookupFunction {
   return (hostname, options, callback) => {
     const name = hostname.toLowerCase();
-    let ip = hostMap.get(name);
+    // `*.<domain>` entries cover every name one label below the domain (the proxy's pod names)
+    let ip = hostMap.get(name) ?? hostMap.get(`*${name.slice(name.indexOf("."))}`);
     if (!ip && (name === serviceDomain || name.endsWith(`.${serviceDomain}`))) {
       ip = undashIp(name.split(".")[0]);
     }

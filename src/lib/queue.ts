@@ -36,6 +36,8 @@ export const subjects = {
   workFilter: (region: string, fvid: string) => `rq.${region}.${fvid}.>`,
   polling: (requestId: string) => `rq_polling.${requestId}`,
   cancel: (fvid: string) => `nvcf.cancel.${fvid}`,
+  /** A gRPC session's worker listens here for tunnels to more replicas (session resumption). */
+  reconnect: (requestId: string) => `stateful_session.reconnect.${requestId}`,
 } as const;
 
 export async function connectNats(url: string, name: string, logger: Logger): Promise<NatsConnection> {

@@ -10,12 +10,16 @@ import type { Logger } from "../lib/log.js";
 
 export interface ReplicaEntry {
   holder: string;
-  /** Where other replicas send relayed callbacks: the replica's plain control-plane listener. */
+  /** Where other replicas relay to: the invocation replica's plain listener, grpc-proxy's CONNECT listener. */
   relayUrl: string;
   startedAt: string;
 }
 
-export const REGISTRY_BUCKET = "callplane_replicas";
+/** One registry per kind of replica: the invocation service's, grpc-proxy's. */
+export const REGISTRY_BUCKETS = {
+  invocation: "callplane_replicas",
+  grpcProxy: "callplane_grpc_replicas",
+} as const;
 
 export class ReplicaRegistry {
   private kv: KV | undefined;
@@ -27,6 +31,7 @@ export class ReplicaRegistry {
     private readonly self: { holder: number; relayUrl: string },
     private readonly logger: Logger,
     private readonly ttlMs = 15_000,
+    private readonly bucket: string = REGISTRY_BUCKETS.invocation,
   ) {
     this.key = holderHex(self.holder);
   }
@@ -40,7 +45,7 @@ export class ReplicaRegistry {
   }
 
   async start(): Promise<void> {
-    this.kv = await new Kvm(this.nc).create(REGISTRY_BUCKET, {
+    this.kv = await new Kvm(this.nc).create(this.bucket, {
       history: 1,
       ttl: this.ttlMs,
       storage: "memory" as never,

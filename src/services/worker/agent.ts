@@ -4,8 +4,10 @@
 import { jetstream, type Consumer, type JsMsg } from "@nats-io/jetstream";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { join } from "node:path";
+import { createSecureContext, rootCertificates } from "node:tls";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Pool, request } from "undici";
+import { grpcHealthCheck } from "../../lib/grpc-health.js";
 import { Router, createHttpService, sendJson } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import {
@@ -16,10 +18,12 @@ import {
   createRegistry,
   type Registry,
 } from "../../lib/metrics.js";
+import { podAwareLookup } from "../../lib/pod-lookup.js";
 import { WorkQueues, connectNats, subjects } from "../../lib/queue.js";
 import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { OutputSlot } from "./output-slot.js";
+import { StatefulSession } from "./stateful.js";
 import { WorkItem, type WorkOutcome } from "./work.js";
 
 export interface WorkerAgent {
@@ -62,12 +66,16 @@ export function createWorkerAgent(
       keepAliveTimeout: 4_000,
     },
   );
-  const callbacks = new CallbackClient({
-    hostMap: cfg.hostMap,
-    serviceDomain: cfg.serviceDomain,
-    caPem: cfg.proxyCaPem || undefined,
-  });
-  const inflight = new Map<string, WorkItem>();
+  const lookup = podAwareLookup(cfg.hostMap, cfg.serviceDomain);
+  // NVCF_PROXY_CA_PEM extends the system's roots rather than replacing them, so a proxy with a
+  // public certificate still verifies. The context is built once: given as `ca`, the ~140 system
+  // roots were parsed again for every new connection (10-20 ms of blocked event loop each; a burst
+  // of new connections under load stalled every request for up to 800 ms).
+  const secureContext = cfg.proxyCaPem
+    ? createSecureContext({ ca: [...rootCertificates, cfg.proxyCaPem] })
+    : undefined;
+  const callbacks = new CallbackClient({ lookup, secureContext });
+  const inflight = new Map<string, WorkItem | StatefulSession>();
   const freeSlots: OutputSlot[] = [];
   let nc: NatsConnection | undefined;
   let cancelSub: Subscription | undefined;
@@ -97,24 +105,39 @@ export function createWorkerAgent(
     ready: () => ready,
   });
 
+  /** One health check: the HTTP endpoint's status, or grpc.health.v1 when the protocol is gRPC. */
+  async function checkHealth(url: string): Promise<void> {
+    if (cfg.health.protocol === "gRPC") {
+      await grpcHealthCheck(cfg.inference.host, cfg.health.port, {
+        timeoutMs: cfg.health.timeoutMs,
+        signal: stopController.signal,
+      });
+      return;
+    }
+    const res = await request(url, {
+      headersTimeout: cfg.health.timeoutMs,
+      bodyTimeout: cfg.health.timeoutMs,
+      signal: stopController.signal,
+    });
+    await res.body.dump();
+    if (res.statusCode !== cfg.health.expectedStatus)
+      throw new Error(`status ${res.statusCode}, expected ${cfg.health.expectedStatus}`);
+  }
+
   async function waitForInference(): Promise<void> {
     const deadline = Date.now() + cfg.health.readyTimeoutMs;
-    const url = `http://${cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host}:${cfg.health.port}${cfg.health.path}`;
+    const host = cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host;
+    const url =
+      cfg.health.protocol === "gRPC"
+        ? `grpc://${host}:${cfg.health.port} (grpc.health.v1.Health/Check)`
+        : `http://${host}:${cfg.health.port}${cfg.health.path}`;
     let last = "";
     let delay = 100;
     while (!stopController.signal.aborted) {
       try {
-        const res = await request(url, {
-          headersTimeout: cfg.health.timeoutMs,
-          bodyTimeout: cfg.health.timeoutMs,
-          signal: stopController.signal,
-        });
-        await res.body.dump();
-        if (res.statusCode === cfg.health.expectedStatus) {
-          logger.info({ url }, "inference server is healthy");
-          return;
-        }
-        last = `status ${res.statusCode}, expected ${cfg.health.expectedStatus}`;
+        await checkHealth(url);
+        logger.info({ url }, "inference server is healthy");
+        return;
       } catch (err) {
         last = (err as Error).message;
       }
@@ -131,10 +154,14 @@ export function createWorkerAgent(
     const started = performance.now();
     const keepAlive = setInterval(() => m.working(), cfg.keepAliveMs);
     let outcome: WorkOutcome = "failed";
-    let item: WorkItem | undefined;
+    let item: WorkItem | StatefulSession | undefined;
     const slot = freeSlots.pop();
     try {
-      item = new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, WorkItem.decode(m.data), slot);
+      // the kind of work: a gRPC session (statefulConfig) or one HTTP request (statelessConfig)
+      const req = WorkItem.decode(m.data);
+      item = req.statefulConfig
+        ? new StatefulSession({ cfg, logger, nc: nc!, lookup, secureContext }, req)
+        : new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, req, slot);
       inflight.set(item.requestId, item);
       outcome = await item.run();
     } catch (err) {

@@ -158,7 +158,7 @@ export class WorkItem {
     if (cfg?.case !== "http1Config") {
       logger.error(
         { requestId: this.requestId },
-        "the work message has no HTTP callback configuration (statelessConfig); gRPC sessions are not served by this worker",
+        "the work message has neither an HTTP callback configuration (statelessConfig) nor a gRPC one (statefulConfig)",
       );
       return "failed";
     }
