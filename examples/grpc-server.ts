@@ -80,12 +80,14 @@ const echo = {
     })();
   },
   ServerStream(call: ServerWritableStream<EchoMessage, EchoMessage>) {
-    begin(call);
+    // an asked-for error goes out before any metadata: a trailers-only answer
     const err = askedError(call);
     if (err) {
+      stats.calls++;
       call.emit("error", err);
       return;
     }
+    begin(call);
     void (async () => {
       const n = call.request.repeat || 1;
       for (let i = 0; i < n && !call.cancelled; i++) {
@@ -109,12 +111,14 @@ const echo = {
     });
   },
   Bidi(call: ServerDuplexStream<EchoMessage, EchoMessage>) {
-    begin(call);
+    // an asked-for error goes out before any metadata: a trailers-only answer
     const err = askedError(call);
     if (err) {
+      stats.calls++;
       call.emit("error", err);
       return;
     }
+    begin(call);
     let chain = Promise.resolve();
     call.on("data", (m: EchoMessage) => {
       chain = chain.then(async () => {
