@@ -24,6 +24,7 @@ import { WorkerInvokeFunctionRequestSchema } from "../src/gen/nvcf/worker_pb.js"
 import { fromBinary } from "@bufbuild/protobuf";
 import { subjects } from "../src/lib/queue.js";
 import { REQUEST_ID, waitFor } from "./testkit/client.js";
+import { runCli } from "./testkit/index.js";
 import { freePort } from "./testkit/plane.js";
 import { echoMessage, grpcClient, meta, startGrpcPlane, unary, type EchoClient } from "./testkit/grpc.js";
 
@@ -302,29 +303,25 @@ async function takeWork(natsUrl: string, fvid: string) {
 
 /** Sends a CONNECT to host:port and returns the status line's code (and the socket, still open). */
 function connectRaw(host: string, port: number, headers: Record<string, string>) {
-  return new Promise<{ status: number; body: string; socket: Socket }>(
-    (resolve, reject) => {
-      const socket = netConnect({ host, port });
-      let buf = "";
-      socket.once("error", reject);
-      socket.on("data", (d: Buffer) => {
-        buf += d.toString("latin1");
-        const end = buf.indexOf("\r\n\r\n");
-        if (end === -1) return;
-        const status = Number(buf.slice(9, 12));
-        if (status === 200 || socket.readableEnded) resolve({ status, body: buf.slice(end + 4), socket });
-      });
-      socket.on("end", () =>
-        resolve({ status: Number(buf.slice(9, 12)), body: buf.slice(buf.indexOf("\r\n\r\n") + 4), socket }),
-      );
-      const lines = Object.entries(headers)
-        .map(([k, v]) => `${k}: ${v}\r\n`)
-        .join("");
-      socket.write(
-        `CONNECT http://${host}:${port}/v1/proxy HTTP/1.1\r\nHost: ${host}:${port}\r\n${lines}\r\n`,
-      );
-    },
-  );
+  return new Promise<{ status: number; body: string; socket: Socket }>((resolve, reject) => {
+    const socket = netConnect({ host, port });
+    let buf = "";
+    socket.once("error", reject);
+    socket.on("data", (d: Buffer) => {
+      buf += d.toString("latin1");
+      const end = buf.indexOf("\r\n\r\n");
+      if (end === -1) return;
+      const status = Number(buf.slice(9, 12));
+      if (status === 200 || socket.readableEnded) resolve({ status, body: buf.slice(end + 4), socket });
+    });
+    socket.on("end", () =>
+      resolve({ status: Number(buf.slice(9, 12)), body: buf.slice(buf.indexOf("\r\n\r\n") + 4), socket }),
+    );
+    const lines = Object.entries(headers)
+      .map(([k, v]) => `${k}: ${v}\r\n`)
+      .join("");
+    socket.write(`CONNECT http://${host}:${port}/v1/proxy HTTP/1.1\r\nHost: ${host}:${port}\r\n${lines}\r\n`);
+  });
 }
 
 test("the CONNECT token: 401 without it, 400 without a request id, 200 once, 403 when reused or expired", async (t) => {
@@ -478,4 +475,25 @@ test("an idle session closes and the next call starts a new one; graceful stop l
     deadline: Date.now() + 5000,
   });
   assert.equal(after.err?.code, status.UNAVAILABLE, "a stopped replica takes no new calls");
+});
+
+test("bin/callplane invoke --grpc calls a function's Echo/Unary through grpc-proxy and says what failed", async (t) => {
+  const plane = await startGrpcPlane(t);
+  const env = {
+    CALLPLANE_GRPC_URL: `http://${plane.proxies[0].target}`,
+    CALLPLANE__GLOBAL__DATA_DIR: "/nonexistent",
+  };
+  const ok = await runCli(
+    ["invoke", plane.fn.functionId, "--grpc", "--data", "from the CLI", "--api-key", plane.fn.apiKey],
+    { env },
+  );
+  assert.equal(ok.code, 0, ok.stderr);
+  assert.equal(ok.stdout, "from the CLI");
+  const bad = await runCli(
+    ["invoke", plane.fn.functionId, "--grpc", "--data", "x", "--api-key", "nvapi-wrong"],
+    { env },
+  );
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /answered UNAUTHENTICATED: .*\(GRPC_UNAUTHENTICATED\)/);
+  assert.match(bad.stderr, /hint: the API key from --api-key was refused; request id [0-9a-f-]{36}/);
 });

@@ -8,7 +8,14 @@ import {
   type DescService,
   type MessageShape,
 } from "@bufbuild/protobuf";
-import type { MethodDefinition, ServiceDefinition } from "@grpc/grpc-js";
+import {
+  Client,
+  Metadata,
+  credentials,
+  type MethodDefinition,
+  type ServiceDefinition,
+  type ServiceError,
+} from "@grpc/grpc-js";
 
 function codec<M extends DescMessage>(schema: M) {
   return {
@@ -42,3 +49,49 @@ export const UNLIMITED_MESSAGES = {
   "grpc.max_receive_message_length": -1,
   "grpc.max_send_message_length": -1,
 } as const;
+
+export interface RawUnaryResult {
+  response: Buffer;
+  headers: Metadata;
+  trailers: Metadata;
+}
+
+/**
+ * One unary call of any method with the message as bytes (no .proto needed): what the demo and the
+ * CLI do. Rejects with grpc-js's ServiceError (code, details, metadata).
+ */
+export function rawUnary(
+  target: string,
+  path: string,
+  request: Uint8Array,
+  metadata: Record<string, string>,
+  deadlineMs: number,
+): Promise<RawUnaryResult> {
+  const client = new Client(target, credentials.createInsecure(), UNLIMITED_MESSAGES);
+  const md = new Metadata();
+  for (const [k, v] of Object.entries(metadata)) md.set(k, v);
+  return new Promise<RawUnaryResult>((resolve, reject) => {
+    let headers = new Metadata();
+    let trailers = new Metadata();
+    let response: Buffer | undefined;
+    let failure: ServiceError | undefined;
+    const call = client.makeUnaryRequest(
+      path,
+      (b: Uint8Array) => Buffer.from(b),
+      (b: Buffer) => b,
+      request,
+      md,
+      { deadline: Date.now() + deadlineMs },
+      (err: ServiceError | null, value?: Buffer) => {
+        failure = err ?? undefined;
+        response = value;
+      },
+    );
+    call.on("metadata", (m: Metadata) => (headers = m));
+    call.on("status", (st: { metadata: Metadata }) => {
+      trailers = st.metadata;
+      // the callback has run by now (grpc-js calls it before 'status')
+      setImmediate(() => (failure ? reject(failure) : resolve({ response: response!, headers, trailers })));
+    });
+  }).finally(() => client.close());
+}

@@ -204,9 +204,16 @@ export function invocationCertFolder(pkiDir: string, podIp: string): string {
   return join(pkiDir, "invocation", podIp.replaceAll(".", "-"));
 }
 
+/** The folder a grpc-proxy replica's worker TLS listener certificate lives in. */
+export function grpcProxyCertFolder(pkiDir: string, podIp: string): string {
+  return join(pkiDir, "grpc-proxy", podIp.replaceAll(".", "-"));
+}
+
 /**
  * The certificates a stack needs from its CA: the proxy's frontend (unless the operator supplies
- * one) and each invocation replica's worker listener (when the proxy re-encrypts to pods).
+ * one), each invocation replica's worker listener (when the proxy re-encrypts to pods) and each
+ * grpc-proxy replica's worker TLS listener (`<dashed-ip>.grpc-headless.<service domain>`, which
+ * the proxy verifies when it routes a gRPC tunnel by its server name).
  */
 export function stackCertificates(opts: {
   pkiDir: string;
@@ -216,6 +223,7 @@ export function stackCertificates(opts: {
   upstreamTls: boolean;
   frontendCertFile: string;
   replicaIps: string[];
+  grpcReplicaIps?: string[];
 }): StackCertificate[] {
   const out: StackCertificate[] = [];
   if (!opts.proxyEnabled) return out;
@@ -234,6 +242,13 @@ export function stackCertificates(opts: {
         dnsNames: [`${ip.replaceAll(".", "-")}.invocation.${opts.serviceDomain}`],
       });
     }
+  }
+  for (const ip of opts.grpcReplicaIps ?? []) {
+    out.push({
+      name: `grpc-proxy ${ip}`,
+      folder: grpcProxyCertFolder(opts.pkiDir, ip),
+      dnsNames: [`${ip.replaceAll(".", "-")}.grpc-headless.${opts.serviceDomain}`],
+    });
   }
   return out;
 }

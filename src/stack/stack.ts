@@ -130,7 +130,7 @@ export class LocalStack {
   }
 
   /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */
-  async preparePki(replicaIps: string[]): Promise<void> {
+  async preparePki(replicaIps: string[], grpcReplicaIps: string[] = []): Promise<void> {
     const { config } = this.opts;
     const p = config.workerCallbackProxy;
     if (!p.enabled) return;
@@ -150,6 +150,7 @@ export class LocalStack {
       upstreamTls: p.invocation.upstreamTls.enabled,
       frontendCertFile: p.tls.frontend.certFile,
       replicaIps,
+      grpcReplicaIps,
     });
     for (const c of certs) {
       if ((await ensureServerCert(c.folder, ca, c.dnsNames)) === "issued")

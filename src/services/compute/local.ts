@@ -20,6 +20,8 @@ export const EXAMPLE_IMAGES = [
   "local/large",
   "local/example",
 ] as const;
+/** The example gRPC server (examples/grpc-server.ts): callplane.examples.Echo and grpc.health.v1. */
+export const GRPC_EXAMPLE_IMAGE = "local/grpc-echo";
 
 export interface DesiredDeployment {
   deploymentId: string;
@@ -81,6 +83,13 @@ export function inferenceCommand(
       env,
     };
   }
+  if (image === GRPC_EXAMPLE_IMAGE) {
+    return {
+      command: process.execPath,
+      args: [join(distRoot, "examples", "grpc-server.js"), "--listen", `${host}:${d.spec.inferencePort}`],
+      env,
+    };
+  }
   if (image === "local/command") {
     if (!d.spec.containerArgs?.trim())
       return { error: "containerImage local/command needs the command to run in containerArgs" };
@@ -88,7 +97,7 @@ export function inferenceCommand(
     return { command: "/bin/sh", args: ["-c", `exec ${d.spec.containerArgs}`], env };
   }
   return {
-    error: `containerImage "${image}" cannot run on the local compute backend; use ${EXAMPLE_IMAGES.join(", ")}, or local/command with the command in containerArgs`,
+    error: `containerImage "${image}" cannot run on the local compute backend; use ${EXAMPLE_IMAGES.join(", ")}, ${GRPC_EXAMPLE_IMAGE}, or local/command with the command in containerArgs`,
   };
 }
 

@@ -535,19 +535,36 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     tunnels.inc({ result: "ok" });
     socket.setNoDelay(true);
     socket.setTimeout(0);
-    socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
-    // bytes the worker sent right after its CONNECT belong to the HTTP/2 session
-    if (head.length) socket.unshift(head);
-    const tunnel = h2connect(`http://${dashIp(opts.listen.host)}.tunnel`, {
-      ...H2_SESSION_OPTIONS,
-      createConnection: () => socket,
-    });
-    tunnel.on("error", (err: Error) => logger.debug({ requestId, err: err.message }, "tunnel error"));
-    tunnel.once("connect", () => widenWindow(tunnel));
     waiting.release(session);
     openSessions.inc();
-    session.attach(tunnel);
-    logger.info({ requestId, worker: socket.remoteAddress, functionId: session.functionId }, "tunnel open");
+    // HTTP/2 takes the socket over only once the 200 is written out: a TLS socket with a write still
+    // in flight, handed to an HTTP/2 session, aborts the process (node_http2.cc is_write_in_progress)
+    socket.write("HTTP/1.1 200 Connection Established\r\n\r\n", () => {
+      if (socket.destroyed || session.state === "closed") {
+        socket.destroy();
+        session.end(undefined, "tunnel closed before it was up");
+        return;
+      }
+      // bytes the worker sent right after its CONNECT belong to the HTTP/2 session
+      if (head.length) socket.unshift(head);
+      const tunnel = h2connect(`http://${dashIp(opts.listen.host)}.tunnel`, {
+        ...H2_SESSION_OPTIONS,
+        createConnection: () => socket,
+      });
+      tunnel.on("error", (err: Error) => logger.debug({ requestId, err: err.message }, "tunnel error"));
+      tunnel.once("connect", () => widenWindow(tunnel));
+      session.attach(tunnel);
+    });
+    logger.info(
+      {
+        requestId,
+        worker: socket.remoteAddress,
+        // through the callback proxy (the worker TLS listener), or straight to the CONNECT listener
+        via: (socket as TLSSocket).encrypted ? "worker-tls" : "connect",
+        functionId: session.functionId,
+      },
+      "tunnel open",
+    );
   }
 
   /** Pipes a tunnel meant for another replica to it, CONNECT request and all. */
