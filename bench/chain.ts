@@ -9,7 +9,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from "../src/lib/auth.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
-import { TLS_FILES, createCa, invocationCertFolder, issueServerCert } from "../src/lib/pki.js";
+import {
+  TLS_FILES,
+  createCa,
+  grpcProxyCertFolder,
+  invocationCertFolder,
+  issueServerCert,
+} from "../src/lib/pki.js";
 import { freePort, start, waitHttp } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
@@ -21,6 +27,23 @@ export interface ChainOptions {
   concurrency: number;
   /** Extra environment for the worker agents. */
   workerEnv?: NodeJS.ProcessEnv;
+  /**
+   * Also a gRPC function: the example gRPC server, `grpcWorkers` worker agents for it, and one
+   * grpc-proxy replica whose workers open their tunnels through the callback proxy (as `npm start`
+   * sets up).
+   */
+  grpc?: { workers: number; concurrency: number };
+}
+
+export interface GrpcChain {
+  /** host:port of grpc-proxy's client listener. */
+  target: string;
+  functionId: string;
+  proc: ChildProcess;
+  /** host:port of the example gRPC server, for direct calls. */
+  direct: string;
+  server: ChildProcess;
+  workers: ChildProcess[];
 }
 
 export interface Chain {
@@ -35,6 +58,7 @@ export interface Chain {
   proxy: ChildProcess;
   nats: ChildProcess;
   workers: ChildProcess[];
+  grpc: GrpcChain | undefined;
   /** Every process of the chain by role, for CPU and memory figures. */
   roles(path: "viaProxy" | "directCallbacks"): Record<string, number[]>;
   close(): void;
@@ -82,6 +106,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   const invPort = await freePort();
   const tlsPort = await freePort();
   const proxyPort = await freePort();
+  const grpcIp = "127.0.2.9";
+  const grpcTlsPort = await freePort(grpcIp);
   const common: NodeJS.ProcessEnv = {
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__LOG__LEVEL: "warn",
@@ -97,6 +123,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     CALLPLANE__WORKER_CALLBACK_PROXY__INVOCATION__WORKER_TLS_PORT: String(tlsPort),
     // one replica each way: no relay needed, and none measured
     CALLPLANE__INVOCATION__RELAY__ENABLED: "false",
+    CALLPLANE__GRPCPROXY__RELAY__ENABLED: "false",
+    CALLPLANE__GRPCPROXY__WORKER_TLS_PORT: String(grpcTlsPort),
   };
   // each service's log goes to <dir>/logs/<name>.log (CALLPLANE_BENCH_KEEP=1 keeps the folder)
   mkdirSync(join(dir, "logs"), { recursive: true });
@@ -177,8 +205,84 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
       ),
     );
   }
+  let grpc: GrpcChain | undefined;
+  if (o.grpc) {
+    const gfn = (
+      await json<{ function: { id: string; versionId: string } }>(`${api}/v2/nvcf/functions`, admin, {
+        name: "bench-grpc",
+        inferenceUrl: "/grpc",
+        containerImage: "local/grpc-echo",
+        health: { protocol: "gRPC", uri: "/" },
+      })
+    ).function;
+    await json(`${api}/v2/nvcf/deployments/functions/${gfn.id}/versions/${gfn.versionId}`, admin, {
+      deploymentSpecifications: [
+        {
+          gpu: "local",
+          instanceType: "local.cpu",
+          minInstances: o.grpc.workers,
+          maxInstances: o.grpc.workers,
+          maxRequestConcurrency: o.grpc.concurrency,
+        },
+      ],
+    });
+    const gpod = await issueServerCert(ca, [`127-0-2-9.grpc-headless.${SERVICE_DOMAIN}`]);
+    const gpodDir = grpcProxyCertFolder(pki, grpcIp);
+    mkdirSync(gpodDir, { recursive: true });
+    writeFileSync(join(gpodDir, TLS_FILES.cert), gpod.certPem);
+    writeFileSync(join(gpodDir, TLS_FILES.key), gpod.keyPem, { mode: 0o600 });
+    const gport = await freePort(grpcIp);
+    const serverPort = await freePort();
+    const server = await start(
+      "grpc-server",
+      process.execPath,
+      [join(dist, "examples/grpc-server.js"), "--listen", `127.0.0.1:${serverPort}`],
+      {},
+    );
+    const gproxy = await service(
+      "grpc-proxy",
+      { POD_IP: grpcIp, CALLPLANE__GRPCPROXY__PORT: String(gport), CALLPLANE__GRPCPROXY__CONNECT_PORT: "0" },
+      "grpc-proxy",
+    );
+    const gworkers: ChildProcess[] = [];
+    for (let i = 0; i < o.grpc.workers; i++) {
+      gworkers.push(
+        await start(
+          `grpc-worker-${i}`,
+          process.execPath,
+          [join(dist, "src/services/worker/main.js")],
+          {
+            NVCF_FQDN_NATS: `nats://127.0.0.1:${natsPort}`,
+            FUNCTION_ID: gfn.id,
+            FUNCTION_VERSION_ID: gfn.versionId,
+            INFERENCE_PORT: String(serverPort),
+            INFERENCE_HEALTH_PROTOCOL: "gRPC",
+            HEALTH_HOST: "127.0.0.1",
+            HEALTH_PORT: "0",
+            MAX_REQUEST_CONCURRENCY: String(o.grpc.concurrency),
+            NVCF_REGION: "bench",
+            BASE_RESPONSE_DIR: join(dir, `grpc-responses-${i}`),
+            NVCF_PROXY_CA_FILE: join(pki, "ca.crt"),
+            CALLPLANE_WORKER_HOST_MAP: `*.${WORKER_DOMAIN}=127.0.0.1`,
+            CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: "1",
+            CALLPLANE_LOG_LEVEL: "warn",
+          },
+          { ipc: true, logFile: join(dir, "logs", `grpc-worker-${i}.log`) },
+        ),
+      );
+    }
+    grpc = {
+      target: `${grpcIp}:${gport}`,
+      functionId: gfn.id,
+      proc: gproxy,
+      direct: `127.0.0.1:${serverPort}`,
+      server,
+      workers: gworkers,
+    };
+  }
   const path = `/v2/nvcf/pexec/functions/${fn.id}`;
   return {
+    grpc,
     dir,
     key,
     functionId: fn.id,

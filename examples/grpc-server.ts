@@ -75,6 +75,9 @@ const echo = {
     const err = askedError(call);
     void (async () => {
       if (call.request.delayMs) await sleep(call.request.delayMs);
+      // a call whose client left (or whose deadline passed) meanwhile is over: grpc-js would throw
+      // "write after end" for its answer
+      if (call.cancelled) return;
       if (err) cb(err);
       else cb(null, create(EchoMessageSchema, { payload: call.request.payload }), trailer());
     })();
@@ -106,6 +109,7 @@ const echo = {
     const parts: Uint8Array[] = [];
     call.on("data", (m: EchoMessage) => parts.push(m.payload));
     call.on("end", () => {
+      if (call.cancelled) return;
       if (err) cb(err);
       else cb(null, create(EchoMessageSchema, { payload: Buffer.concat(parts) }), trailer());
     });

@@ -68,56 +68,64 @@ function clientStream(c: EchoClient, md: Metadata, messages: EchoMessage[]) {
   );
 }
 
-test("every call shape passes through with metadata, trailers and nvcf-reqid; one session per connection", async (t) => {
-  const plane = await startGrpcPlane(t);
-  const c = grpcClient(t, plane.proxies[0].target);
-  const r = await unary(c, echoMessage("hello"), meta(plane.fn, { "x-echo-meta": "m1" }));
-  assert.equal(r.err, null, String(r.err?.details));
-  assert.equal(text(r.value), "hello");
-  assert.equal(
-    r.headers?.get("x-echo-meta-received")[0],
-    "m1",
-    "metadata reaches the inference server and comes back",
-  );
-  const id = String(r.headers?.get("nvcf-reqid")[0]);
-  assert.match(id, REQUEST_ID);
-  assert.match(String(r.headers?.get("set-cookie")[0]), new RegExp(`nvcf-request-id=${id}`));
-  assert.equal(r.trailers?.get("x-echo-trailer")[0], "done", "trailing metadata passes");
+test(
+  "every call shape passes through with metadata, trailers and nvcf-reqid; one session per connection",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t);
+    const c = grpcClient(t, plane.proxies[0].target);
+    const r = await unary(c, echoMessage("hello"), meta(plane.fn, { "x-echo-meta": "m1" }));
+    assert.equal(r.err, null, String(r.err?.details));
+    assert.equal(text(r.value), "hello");
+    assert.equal(
+      r.headers?.get("x-echo-meta-received")[0],
+      "m1",
+      "metadata reaches the inference server and comes back",
+    );
+    const id = String(r.headers?.get("nvcf-reqid")[0]);
+    assert.match(id, REQUEST_ID);
+    assert.match(String(r.headers?.get("set-cookie")[0]), new RegExp(`nvcf-request-id=${id}`));
+    assert.equal(r.trailers?.get("x-echo-trailer")[0], "done", "trailing metadata passes");
 
-  const ss = await collect(serverStream(c, echoMessage("s", 5), meta(plane.fn)));
-  assert.equal(ss.err, null);
-  assert.deepEqual(ss.messages.map(text), ["s", "s", "s", "s", "s"]);
-  assert.equal(ss.trailers?.get("x-echo-trailer")[0], "done");
+    const ss = await collect(serverStream(c, echoMessage("s", 5), meta(plane.fn)));
+    assert.equal(ss.err, null);
+    assert.deepEqual(ss.messages.map(text), ["s", "s", "s", "s", "s"]);
+    assert.equal(ss.trailers?.get("x-echo-trailer")[0], "done");
 
-  const cs = await clientStream(
-    c,
-    meta(plane.fn),
-    ["a", "b", "c", "d"].map((p) => echoMessage(p)),
-  );
-  assert.equal(cs.err, null);
-  assert.equal(text(cs.value), "abcd");
+    const cs = await clientStream(
+      c,
+      meta(plane.fn),
+      ["a", "b", "c", "d"].map((p) => echoMessage(p)),
+    );
+    assert.equal(cs.err, null);
+    assert.equal(text(cs.value), "abcd");
 
-  const bidi = c.Bidi(meta(plane.fn)) as ClientDuplexStream<EchoMessage, EchoMessage>;
-  const got = collect(bidi);
-  const seen: string[] = [];
-  bidi.on("data", (m: EchoMessage) => seen.push(text(m)));
-  for (const p of ["1", "2", "3"]) {
-    bidi.write(echoMessage(p));
-    await waitFor(`bidi echo of ${p}`, () => seen.includes(p), { timeoutMs: 10_000 });
-  }
-  bidi.end();
-  const b = await got;
-  assert.equal(b.err, null);
-  assert.deepEqual(b.messages.map(text), ["1", "2", "3"], "each message is answered before the next is sent");
+    const bidi = c.Bidi(meta(plane.fn)) as ClientDuplexStream<EchoMessage, EchoMessage>;
+    const got = collect(bidi);
+    const seen: string[] = [];
+    bidi.on("data", (m: EchoMessage) => seen.push(text(m)));
+    for (const p of ["1", "2", "3"]) {
+      bidi.write(echoMessage(p));
+      await waitFor(`bidi echo of ${p}`, () => seen.includes(p), { timeoutMs: 10_000 });
+    }
+    bidi.end();
+    const b = await got;
+    assert.equal(b.err, null);
+    assert.deepEqual(
+      b.messages.map(text),
+      ["1", "2", "3"],
+      "each message is answered before the next is sent",
+    );
 
-  const again = await unary(c, echoMessage("again"), meta(plane.fn));
-  assert.equal(again.headers?.get("nvcf-reqid")[0], id, "every call of the connection reuses the session");
-  const other = grpcClient(t, plane.proxies[0].target);
-  const o = await unary(other, echoMessage("other"), meta(plane.fn));
-  assert.notEqual(o.headers?.get("nvcf-reqid")[0], id, "another connection gets its own session");
-});
+    const again = await unary(c, echoMessage("again"), meta(plane.fn));
+    assert.equal(again.headers?.get("nvcf-reqid")[0], id, "every call of the connection reuses the session");
+    const other = grpcClient(t, plane.proxies[0].target);
+    const o = await unary(other, echoMessage("other"), meta(plane.fn));
+    assert.notEqual(o.headers?.get("nvcf-reqid")[0], id, "another connection gets its own session");
+  },
+);
 
-test("messages of tens of MiB pass both ways intact", async (t) => {
+test("messages of tens of MiB pass both ways intact", { timeout: 90_000 }, async (t) => {
   const plane = await startGrpcPlane(t);
   const c = grpcClient(t, plane.proxies[0].target);
   const big = randomBytes(24 * 1024 * 1024);
@@ -140,105 +148,117 @@ test("messages of tens of MiB pass both ways intact", async (t) => {
   for (const m of ss.messages) assert.equal(sha(m.payload), sha(parts[0]));
 });
 
-test("errors of the inference server pass with code, message and trailing metadata; deadlines; a cancel reaches it", async (t) => {
-  const plane = await startGrpcPlane(t);
-  const c = grpcClient(t, plane.proxies[0].target);
-  const e = await unary(c, echoMessage("x"), meta(plane.fn, { "x-echo-status": "7" }));
-  assert.equal(e.err?.code, status.PERMISSION_DENIED);
-  assert.equal(e.err?.details, "x-echo-status asked for 7");
-  assert.equal(e.err?.metadata?.get("x-echo-error")[0], "yes");
-  assert.match(String(e.headers?.get("nvcf-reqid")[0]), REQUEST_ID);
-  const se = await collect(serverStream(c, echoMessage("x", 3), meta(plane.fn, { "x-echo-status": "9" })));
-  assert.equal(
-    se.err && (se.err as { code?: number }).code,
-    status.FAILED_PRECONDITION,
-    "a trailers-only error of a stream",
-  );
-  assert.equal(se.messages.length, 0);
-  assert.equal(se.trailers?.get("x-echo-error")[0], "yes", "the trailers-only answer keeps its metadata");
-  assert.match(String(se.trailers?.get("nvcf-reqid")[0]), REQUEST_ID, "and gains nvcf-reqid");
+test(
+  "errors of the inference server pass with code, message and trailing metadata; deadlines; a cancel reaches it",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t);
+    const c = grpcClient(t, plane.proxies[0].target);
+    const e = await unary(c, echoMessage("x"), meta(plane.fn, { "x-echo-status": "7" }));
+    assert.equal(e.err?.code, status.PERMISSION_DENIED);
+    assert.equal(e.err?.details, "x-echo-status asked for 7");
+    assert.equal(e.err?.metadata?.get("x-echo-error")[0], "yes");
+    assert.match(String(e.headers?.get("nvcf-reqid")[0]), REQUEST_ID);
+    const se = await collect(serverStream(c, echoMessage("x", 3), meta(plane.fn, { "x-echo-status": "9" })));
+    assert.equal(
+      se.err && (se.err as { code?: number }).code,
+      status.FAILED_PRECONDITION,
+      "a trailers-only error of a stream",
+    );
+    assert.equal(se.messages.length, 0);
+    assert.equal(se.trailers?.get("x-echo-error")[0], "yes", "the trailers-only answer keeps its metadata");
+    assert.match(String(se.trailers?.get("nvcf-reqid")[0]), REQUEST_ID, "and gains nvcf-reqid");
 
-  const d = await unary(c, echoMessage("slow", 0, 3000), meta(plane.fn), { deadline: Date.now() + 300 });
-  assert.equal(
-    d.err?.code,
-    status.DEADLINE_EXCEEDED,
-    "grpc-timeout reaches the inference server (or the client gives up)",
-  );
+    const d = await unary(c, echoMessage("slow", 0, 3000), meta(plane.fn), { deadline: Date.now() + 300 });
+    assert.equal(
+      d.err?.code,
+      status.DEADLINE_EXCEEDED,
+      "grpc-timeout reaches the inference server (or the client gives up)",
+    );
 
-  const before = plane.example.stats.cancelled;
-  const call = serverStream(c, echoMessage("tick", 1000, 20), meta(plane.fn));
-  const done = collect(call);
-  await new Promise((r) => call.once("data", r));
-  call.cancel();
-  const end = await done;
-  assert.equal((end.err as { code?: number } | null)?.code, status.CANCELLED);
-  await waitFor("the inference server to see the cancel", () => plane.example.stats.cancelled > before, {
-    timeoutMs: 10_000,
-  });
-});
+    const before = plane.example.stats.cancelled;
+    const call = serverStream(c, echoMessage("tick", 1000, 20), meta(plane.fn));
+    const done = collect(call);
+    await new Promise((r) => call.once("data", r));
+    call.cancel();
+    const end = await done;
+    assert.equal((end.err as { code?: number } | null)?.code, status.CANCELLED);
+    await waitFor("the inference server to see the cancel", () => plane.example.stats.cancelled > before, {
+      timeoutMs: 10_000,
+    });
+  },
+);
 
-test("refusals: no key, a bad key, no function-id, an unknown function, no worker in time, a full queue, non-gRPC requests", async (t) => {
-  const plane = await startGrpcPlane(t, { workers: 0, proxy: { connectTokenTtlMs: 1500 } });
-  const target = plane.proxies[0].target;
-  const c = grpcClient(t, target);
-  const noKey = new Metadata();
-  noKey.set("function-id", plane.fn.functionId);
-  let r = await unary(c, echoMessage("x"), noKey);
-  assert.equal(r.err?.code, status.UNAUTHENTICATED);
-  assert.match(String(r.err?.details), /authorization: Bearer <API key>/);
-  assert.match(String(r.err?.metadata?.get("nvcf-reqid")[0]), REQUEST_ID, "a refusal carries nvcf-reqid too");
-  const badKey = meta(plane.fn);
-  badKey.set("authorization", "Bearer nvapi-not-a-key");
-  r = await unary(c, echoMessage("x"), badKey);
-  assert.equal(r.err?.code, status.UNAUTHENTICATED);
-  const noFn = new Metadata();
-  noFn.set("authorization", `Bearer ${plane.fn.apiKey}`);
-  r = await unary(c, echoMessage("x"), noFn);
-  assert.equal(r.err?.code, status.INVALID_ARGUMENT);
-  assert.match(String(r.err?.details), /function-id/);
-  r = await unary(
-    c,
-    echoMessage("x"),
-    meta({ ...plane.fn, functionId: "7b7d7a8e-0c3e-4c55-9a40-3a4c1c4a1111" }),
-  );
-  assert.equal(r.err?.code, status.NOT_FOUND);
-  r = await unary(c, echoMessage("x"), meta({ ...plane.fn, functionId: "not-a-uuid" }));
-  assert.equal(r.err?.code, status.NOT_FOUND);
-  // a function of this account with no deployed version
-  const admin = await plane.api.adminToken();
-  const bare = await fetch(`${plane.api.url}/v2/nvcf/functions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
-    body: JSON.stringify({
-      name: `bare-${Date.now()}`,
-      inferenceUrl: "/grpc",
-      containerImage: "local/grpc-echo",
-    }),
-  }).then((res) => res.json() as Promise<{ function: { id: string } }>);
-  r = await unary(c, echoMessage("x"), meta({ ...plane.fn, functionId: bare.function.id }));
-  assert.equal(r.err?.code, status.NOT_FOUND);
-  assert.match(String(r.err?.details), /deploy/i);
-  r = await unary(c, echoMessage("x"), meta(plane.fn));
-  assert.equal(r.err?.code, status.DEADLINE_EXCEEDED, "no worker connected within the token's life");
-  assert.match(String(r.err?.details), /failed to establish link to worker/);
+test(
+  "refusals: no key, a bad key, no function-id, an unknown function, no worker in time, a full queue, non-gRPC requests",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t, { workers: 0, proxy: { connectTokenTtlMs: 1500 } });
+    const target = plane.proxies[0].target;
+    const c = grpcClient(t, target);
+    const noKey = new Metadata();
+    noKey.set("function-id", plane.fn.functionId);
+    let r = await unary(c, echoMessage("x"), noKey);
+    assert.equal(r.err?.code, status.UNAUTHENTICATED);
+    assert.match(String(r.err?.details), /authorization: Bearer <API key>/);
+    assert.match(
+      String(r.err?.metadata?.get("nvcf-reqid")[0]),
+      REQUEST_ID,
+      "a refusal carries nvcf-reqid too",
+    );
+    const badKey = meta(plane.fn);
+    badKey.set("authorization", "Bearer nvapi-not-a-key");
+    r = await unary(c, echoMessage("x"), badKey);
+    assert.equal(r.err?.code, status.UNAUTHENTICATED);
+    const noFn = new Metadata();
+    noFn.set("authorization", `Bearer ${plane.fn.apiKey}`);
+    r = await unary(c, echoMessage("x"), noFn);
+    assert.equal(r.err?.code, status.INVALID_ARGUMENT);
+    assert.match(String(r.err?.details), /function-id/);
+    r = await unary(
+      c,
+      echoMessage("x"),
+      meta({ ...plane.fn, functionId: "7b7d7a8e-0c3e-4c55-9a40-3a4c1c4a1111" }),
+    );
+    assert.equal(r.err?.code, status.NOT_FOUND);
+    r = await unary(c, echoMessage("x"), meta({ ...plane.fn, functionId: "not-a-uuid" }));
+    assert.equal(r.err?.code, status.NOT_FOUND);
+    // a function of this account with no deployed version
+    const admin = await plane.api.adminToken();
+    const bare = await fetch(`${plane.api.url}/v2/nvcf/functions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${admin}`, "content-type": "application/json" },
+      body: JSON.stringify({
+        name: `bare-${Date.now()}`,
+        inferenceUrl: "/grpc",
+        containerImage: "local/grpc-echo",
+      }),
+    }).then((res) => res.json() as Promise<{ function: { id: string } }>);
+    r = await unary(c, echoMessage("x"), meta({ ...plane.fn, functionId: bare.function.id }));
+    assert.equal(r.err?.code, status.NOT_FOUND);
+    assert.match(String(r.err?.details), /deploy/i);
+    r = await unary(c, echoMessage("x"), meta(plane.fn));
+    assert.equal(r.err?.code, status.DEADLINE_EXCEEDED, "no worker connected within the token's life");
+    assert.match(String(r.err?.details), /failed to establish link to worker/);
 
-  // the same without gRPC: the mapped HTTP status and a plain-text message
-  const s = h2connect(`http://${target}`);
-  t.after(() => s.destroy());
-  const req = s.request({ ":method": "POST", ":path": "/x", "content-type": "application/json" });
-  req.end("{}");
-  const [code, body] = await new Promise<[number, string]>((resolve) => {
-    let b = "";
-    let st = 0;
-    req.on("response", (h) => (st = Number(h[":status"])));
-    req.on("data", (d: Buffer) => (b += d.toString()));
-    req.on("end", () => resolve([st, b]));
-  });
-  assert.equal(code, 401);
-  assert.match(body, /authorization/);
-});
+    // the same without gRPC: the mapped HTTP status and a plain-text message
+    const s = h2connect(`http://${target}`);
+    t.after(() => s.destroy());
+    const req = s.request({ ":method": "POST", ":path": "/x", "content-type": "application/json" });
+    req.end("{}");
+    const [code, body] = await new Promise<[number, string]>((resolve) => {
+      let b = "";
+      let st = 0;
+      req.on("response", (h) => (st = Number(h[":status"])));
+      req.on("data", (d: Buffer) => (b += d.toString()));
+      req.on("end", () => resolve([st, b]));
+    });
+    assert.equal(code, 401);
+    assert.match(body, /authorization/);
+  },
+);
 
-test("a full queue is RESOURCE_EXHAUSTED", async (t) => {
+test("a full queue is RESOURCE_EXHAUSTED", { timeout: 90_000 }, async (t) => {
   const plane = await startGrpcPlane(t, {
     workers: 0,
     proxy: { queue: { maxMessages: 1, maxMessageBytes: 1 << 20, replicas: 1, ackWaitSeconds: 30 } },
@@ -324,176 +344,200 @@ function connectRaw(host: string, port: number, headers: Record<string, string>)
   });
 }
 
-test("the CONNECT token: 401 without it, 400 without a request id, 200 once, 403 when reused or expired", async (t) => {
-  const plane = await startGrpcPlane(t, {
-    workers: 0,
-    hosts: ["127.0.70.1", "127.0.70.2"],
-    proxy: (i) => ({ connectTokenTtlMs: i === 0 ? 30_000 : 500 }),
-  });
-  const call = unary(grpcClient(t, plane.proxies[0].target), echoMessage("x"), meta(plane.fn));
-  const w = await takeWork(plane.nats.url, plane.fn.versionId);
-  const u = new URL(w.proxyUri);
-  assert.equal(
-    u.hostname,
-    "127-0-70-1.grpc-headless.nvcf.svc.cluster.local",
-    "the pod address of the holding replica",
-  );
-  assert.equal(u.pathname, "/v1/proxy");
-  const port = Number(u.port);
-  const noAuth = await connectRaw("127.0.70.1", port, { "X-Request-ID": w.requestId });
-  assert.equal(noAuth.status, 401);
-  assert.match(noAuth.body, /CONNECT_UNAUTHENTICATED/);
-  const noId = await connectRaw("127.0.70.1", port, { Authorization: `Bearer ${w.token}` });
-  assert.equal(noId.status, 400);
-  const wrongId = await connectRaw("127.0.70.1", port, {
-    Authorization: `Bearer ${w.token}`,
-    "X-Request-ID": "7b7d7a8e-0c3e-4c55-9a40-3a4c1c4a1111",
-  });
-  assert.equal(wrongId.status, 403, "a token is bound to its request id");
-  const ok = await connectRaw("127.0.70.1", port, {
-    Authorization: `Bearer ${w.token}`,
-    "X-Request-ID": w.requestId,
-  });
-  assert.equal(ok.status, 200);
-  const reused = await connectRaw("127.0.70.1", port, {
-    Authorization: `Bearer ${w.token}`,
-    "X-Request-ID": w.requestId,
-  });
-  assert.equal(reused.status, 403, "a token is single-use");
-  assert.match(reused.body, /already used, expired/);
-  // the tunnel that took the token goes away without serving: the waiting call fails fast
-  ok.socket.destroy();
-  const r = await call;
-  assert.equal(r.err?.code, status.UNAVAILABLE);
+test(
+  "the CONNECT token: 401 without it, 400 without a request id, 200 once, 403 when reused or expired",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t, {
+      workers: 0,
+      hosts: ["127.0.70.1", "127.0.70.2"],
+      proxy: (i) => ({ connectTokenTtlMs: i === 0 ? 30_000 : 500 }),
+    });
+    const call = unary(grpcClient(t, plane.proxies[0].target), echoMessage("x"), meta(plane.fn));
+    const w = await takeWork(plane.nats.url, plane.fn.versionId);
+    const u = new URL(w.proxyUri);
+    assert.equal(
+      u.hostname,
+      "127-0-70-1.grpc-headless.nvcf.svc.cluster.local",
+      "the pod address of the holding replica",
+    );
+    assert.equal(u.pathname, "/v1/proxy");
+    const port = Number(u.port);
+    const noAuth = await connectRaw("127.0.70.1", port, { "X-Request-ID": w.requestId });
+    assert.equal(noAuth.status, 401);
+    assert.match(noAuth.body, /CONNECT_UNAUTHENTICATED/);
+    const noId = await connectRaw("127.0.70.1", port, { Authorization: `Bearer ${w.token}` });
+    assert.equal(noId.status, 400);
+    const wrongId = await connectRaw("127.0.70.1", port, {
+      Authorization: `Bearer ${w.token}`,
+      "X-Request-ID": "7b7d7a8e-0c3e-4c55-9a40-3a4c1c4a1111",
+    });
+    assert.equal(wrongId.status, 403, "a token is bound to its request id");
+    const ok = await connectRaw("127.0.70.1", port, {
+      Authorization: `Bearer ${w.token}`,
+      "X-Request-ID": w.requestId,
+    });
+    assert.equal(ok.status, 200);
+    const reused = await connectRaw("127.0.70.1", port, {
+      Authorization: `Bearer ${w.token}`,
+      "X-Request-ID": w.requestId,
+    });
+    assert.equal(reused.status, 403, "a token is single-use");
+    assert.match(reused.body, /already used, expired/);
+    // the tunnel that took the token goes away without serving: the waiting call fails fast
+    ok.socket.destroy();
+    const r = await call;
+    assert.equal(r.err?.code, status.UNAVAILABLE);
 
-  const late = unary(grpcClient(t, plane.proxies[1].target), echoMessage("y"), meta(plane.fn));
-  const w2 = await takeWork(plane.nats.url, plane.fn.versionId);
-  await sleep(800); // past the 500 ms life of replica 2's tokens
-  const expired = await connectRaw("127.0.70.2", Number(new URL(w2.proxyUri).port), {
-    Authorization: `Bearer ${w2.token}`,
-    "X-Request-ID": w2.requestId,
-  });
-  assert.equal(expired.status, 403, "an expired token is refused");
-  assert.equal((await late).err?.code, status.DEADLINE_EXCEEDED);
-});
+    const late = unary(grpcClient(t, plane.proxies[1].target), echoMessage("y"), meta(plane.fn));
+    const w2 = await takeWork(plane.nats.url, plane.fn.versionId);
+    await sleep(800); // past the 500 ms life of replica 2's tokens
+    const expired = await connectRaw("127.0.70.2", Number(new URL(w2.proxyUri).port), {
+      Authorization: `Bearer ${w2.token}`,
+      "X-Request-ID": w2.requestId,
+    });
+    assert.equal(expired.status, 403, "an expired token is refused");
+    assert.equal((await late).err?.code, status.DEADLINE_EXCEEDED);
+  },
+);
 
-test("a tunnel that reaches a replica not holding its session is relayed to the holder", async (t) => {
-  const port = await freePort("127.0.70.1");
-  const shared = `http://127.0.70.1:${port}/v1/proxy`;
-  const plane = await startGrpcPlane(t, {
-    hosts: ["127.0.70.1", "127.0.70.2"],
-    logs: true,
-    proxy: (i) => ({ sharedConnectUrl: shared, ...(i === 0 ? { connectPort: port } : {}) }),
-  });
-  const c = grpcClient(t, plane.proxies[1].target);
-  const r = await unary(c, echoMessage("relayed"), meta(plane.fn));
-  assert.equal(r.err, null, String(r.err?.details));
-  assert.equal(text(r.value), "relayed");
-  const ss = await collect(serverStream(c, echoMessage("more", 3), meta(plane.fn)));
-  assert.deepEqual(ss.messages.map(text), ["more", "more", "more"]);
-  const relayed = plane
-    .logs("proxy-0")
-    .filter((l) => l.msg === "relayed a tunnel to the replica that holds it");
-  await waitFor(
-    "the relay's log line",
-    () => plane.logs("proxy-0").some((l) => String(l.msg).startsWith("relayed a tunnel")),
-    { timeoutMs: 1 },
-  ).catch(() => undefined);
-  assert.ok(
-    plane.logs("proxy-1").some((l) => l.msg === "tunnel open"),
-    "the holder took the tunnel",
-  );
-  void relayed;
-  assert.ok(
-    (
-      await plane.proxies[0].proxy.registry.getSingleMetric("callplane_grpc_tunnels_total")!.get()
-    ).values.some((v) => v.labels.result === "relayed" && v.value === 1),
-    "replica 1 relayed exactly one tunnel",
-  );
-});
+test(
+  "a tunnel that reaches a replica not holding its session is relayed to the holder",
+  { timeout: 90_000 },
+  async (t) => {
+    const port = await freePort("127.0.70.1");
+    const shared = `http://127.0.70.1:${port}/v1/proxy`;
+    const plane = await startGrpcPlane(t, {
+      hosts: ["127.0.70.1", "127.0.70.2"],
+      logs: true,
+      proxy: (i) => ({ sharedConnectUrl: shared, ...(i === 0 ? { connectPort: port } : {}) }),
+    });
+    const c = grpcClient(t, plane.proxies[1].target);
+    const r = await unary(c, echoMessage("relayed"), meta(plane.fn));
+    assert.equal(r.err, null, String(r.err?.details));
+    assert.equal(text(r.value), "relayed");
+    const ss = await collect(serverStream(c, echoMessage("more", 3), meta(plane.fn)));
+    assert.deepEqual(ss.messages.map(text), ["more", "more", "more"]);
+    const relayed = plane
+      .logs("proxy-0")
+      .filter((l) => l.msg === "relayed a tunnel to the replica that holds it");
+    await waitFor(
+      "the relay's log line",
+      () => plane.logs("proxy-0").some((l) => String(l.msg).startsWith("relayed a tunnel")),
+      { timeoutMs: 1 },
+    ).catch(() => undefined);
+    assert.ok(
+      plane.logs("proxy-1").some((l) => l.msg === "tunnel open"),
+      "the holder took the tunnel",
+    );
+    void relayed;
+    assert.ok(
+      (
+        await plane.proxies[0].proxy.registry.getSingleMetric("callplane_grpc_tunnels_total")!.get()
+      ).values.some((v) => v.labels.result === "relayed" && v.value === 1),
+      "replica 1 relayed exactly one tunnel",
+    );
+  },
+);
 
-test("session resumption: nvcf-reqid (metadata or cookie) reaches the same worker session through any replica", async (t) => {
-  const plane = await startGrpcPlane(t, { hosts: ["127.0.70.1", "127.0.70.2"] });
-  const a = await unary(grpcClient(t, plane.proxies[0].target), echoMessage("a"), meta(plane.fn));
-  const id = String(a.headers?.get("nvcf-reqid")[0]);
-  const local = await unary(
-    grpcClient(t, plane.proxies[0].target),
-    echoMessage("b"),
-    meta(plane.fn, { "nvcf-reqid": id }),
-  );
-  assert.equal(local.err, null);
-  assert.equal(local.headers?.get("nvcf-reqid")[0], id, "another connection to the holder joins the session");
-  const remote = await unary(
-    grpcClient(t, plane.proxies[1].target),
-    echoMessage("c"),
-    meta(plane.fn, { "nvcf-reqid": id }),
-  );
-  assert.equal(remote.err, null, String(remote.err?.details));
-  assert.equal(text(remote.value), "c");
-  assert.equal(remote.headers?.get("nvcf-reqid")[0], id, "another replica reaches the same session");
-  const cookie = await unary(
-    grpcClient(t, plane.proxies[1].target),
-    echoMessage("d"),
-    meta(plane.fn, { cookie: `nvcf-request-id=${id}` }),
-  );
-  assert.equal(cookie.headers?.get("nvcf-reqid")[0], id, "the cookie works like the header");
-  const nc = await natsConnect({ servers: plane.nats.url });
-  t.after(() => nc.close());
-  const info = await (await jetstreamManager(nc)).streams.info(subjects.stream("test", plane.fn.versionId));
-  assert.equal(info.state.last_seq, 1, "one work message for the whole session");
-  const unknown = await unary(
-    grpcClient(t, plane.proxies[1].target),
-    echoMessage("e"),
-    meta(plane.fn, { "nvcf-reqid": "00000000-0000-8000-8000-000000000000" }),
-  );
-  assert.equal(unknown.err?.code, status.NOT_FOUND);
-  assert.match(String(unknown.err?.details), /no existing session found/);
-});
+test(
+  "session resumption: nvcf-reqid (metadata or cookie) reaches the same worker session through any replica",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t, { hosts: ["127.0.70.1", "127.0.70.2"] });
+    const a = await unary(grpcClient(t, plane.proxies[0].target), echoMessage("a"), meta(plane.fn));
+    const id = String(a.headers?.get("nvcf-reqid")[0]);
+    const local = await unary(
+      grpcClient(t, plane.proxies[0].target),
+      echoMessage("b"),
+      meta(plane.fn, { "nvcf-reqid": id }),
+    );
+    assert.equal(local.err, null);
+    assert.equal(
+      local.headers?.get("nvcf-reqid")[0],
+      id,
+      "another connection to the holder joins the session",
+    );
+    const remote = await unary(
+      grpcClient(t, plane.proxies[1].target),
+      echoMessage("c"),
+      meta(plane.fn, { "nvcf-reqid": id }),
+    );
+    assert.equal(remote.err, null, String(remote.err?.details));
+    assert.equal(text(remote.value), "c");
+    assert.equal(remote.headers?.get("nvcf-reqid")[0], id, "another replica reaches the same session");
+    const cookie = await unary(
+      grpcClient(t, plane.proxies[1].target),
+      echoMessage("d"),
+      meta(plane.fn, { cookie: `nvcf-request-id=${id}` }),
+    );
+    assert.equal(cookie.headers?.get("nvcf-reqid")[0], id, "the cookie works like the header");
+    const nc = await natsConnect({ servers: plane.nats.url });
+    t.after(() => nc.close());
+    const info = await (await jetstreamManager(nc)).streams.info(subjects.stream("test", plane.fn.versionId));
+    assert.equal(info.state.last_seq, 1, "one work message for the whole session");
+    const unknown = await unary(
+      grpcClient(t, plane.proxies[1].target),
+      echoMessage("e"),
+      meta(plane.fn, { "nvcf-reqid": "00000000-0000-8000-8000-000000000000" }),
+    );
+    assert.equal(unknown.err?.code, status.NOT_FOUND);
+    assert.match(String(unknown.err?.details), /no existing session found/);
+  },
+);
 
-test("an idle session closes and the next call starts a new one; graceful stop lets calls in flight finish", async (t) => {
-  const plane = await startGrpcPlane(t, { proxy: { sessionIdleMs: 300 } });
-  const { proxy, target } = plane.proxies[0];
-  const c = grpcClient(t, target);
-  const first = await unary(c, echoMessage("1"), meta(plane.fn));
-  const open = () => proxy.registry.getSingleMetric("callplane_grpc_sessions_open")!.get();
-  await waitFor("the idle session to close", async () => (await open()).values[0]?.value === 0, {
-    timeoutMs: 10_000,
-  });
-  const second = await unary(c, echoMessage("2"), meta(plane.fn));
-  assert.equal(second.err, null, String(second.err?.details));
-  assert.notEqual(second.headers?.get("nvcf-reqid")[0], first.headers?.get("nvcf-reqid")[0]);
+test(
+  "an idle session closes and the next call starts a new one; graceful stop lets calls in flight finish",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t, { proxy: { sessionIdleMs: 300 } });
+    const { proxy, target } = plane.proxies[0];
+    const c = grpcClient(t, target);
+    const first = await unary(c, echoMessage("1"), meta(plane.fn));
+    const open = () => proxy.registry.getSingleMetric("callplane_grpc_sessions_open")!.get();
+    await waitFor("the idle session to close", async () => (await open()).values[0]?.value === 0, {
+      timeoutMs: 10_000,
+    });
+    const second = await unary(c, echoMessage("2"), meta(plane.fn));
+    assert.equal(second.err, null, String(second.err?.details));
+    assert.notEqual(second.headers?.get("nvcf-reqid")[0], first.headers?.get("nvcf-reqid")[0]);
 
-  const call = serverStream(c, echoMessage("s", 8, 100), meta(plane.fn));
-  const done = collect(call);
-  await new Promise((r) => call.once("data", r));
-  const closing = proxy.close(20_000);
-  const end = await done;
-  assert.equal(end.err, null, "the call in flight finished");
-  assert.equal(end.messages.length, 8);
-  await closing;
-  const after = await unary(grpcClient(t, target), echoMessage("late"), meta(plane.fn), {
-    deadline: Date.now() + 5000,
-  });
-  assert.equal(after.err?.code, status.UNAVAILABLE, "a stopped replica takes no new calls");
-});
+    const call = serverStream(c, echoMessage("s", 8, 100), meta(plane.fn));
+    const done = collect(call);
+    await new Promise((r) => call.once("data", r));
+    const closing = proxy.close(20_000);
+    const end = await done;
+    assert.equal(end.err, null, "the call in flight finished");
+    assert.equal(end.messages.length, 8);
+    await closing;
+    const after = await unary(grpcClient(t, target), echoMessage("late"), meta(plane.fn), {
+      deadline: Date.now() + 5000,
+    });
+    assert.equal(after.err?.code, status.UNAVAILABLE, "a stopped replica takes no new calls");
+  },
+);
 
-test("bin/callplane invoke --grpc calls a function's Echo/Unary through grpc-proxy and says what failed", async (t) => {
-  const plane = await startGrpcPlane(t);
-  const env = {
-    CALLPLANE_GRPC_URL: `http://${plane.proxies[0].target}`,
-    CALLPLANE__GLOBAL__DATA_DIR: "/nonexistent",
-  };
-  const ok = await runCli(
-    ["invoke", plane.fn.functionId, "--grpc", "--data", "from the CLI", "--api-key", plane.fn.apiKey],
-    { env },
-  );
-  assert.equal(ok.code, 0, ok.stderr);
-  assert.equal(ok.stdout, "from the CLI");
-  const bad = await runCli(
-    ["invoke", plane.fn.functionId, "--grpc", "--data", "x", "--api-key", "nvapi-wrong"],
-    { env },
-  );
-  assert.equal(bad.code, 1);
-  assert.match(bad.stderr, /answered UNAUTHENTICATED: .*\(GRPC_UNAUTHENTICATED\)/);
-  assert.match(bad.stderr, /hint: the API key from --api-key was refused; request id [0-9a-f-]{36}/);
-});
+test(
+  "bin/callplane invoke --grpc calls a function's Echo/Unary through grpc-proxy and says what failed",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t);
+    const env = {
+      CALLPLANE_GRPC_URL: `http://${plane.proxies[0].target}`,
+      CALLPLANE__GLOBAL__DATA_DIR: "/nonexistent",
+    };
+    const ok = await runCli(
+      ["invoke", plane.fn.functionId, "--grpc", "--data", "from the CLI", "--api-key", plane.fn.apiKey],
+      { env },
+    );
+    assert.equal(ok.code, 0, ok.stderr);
+    assert.equal(ok.stdout, "from the CLI");
+    const bad = await runCli(
+      ["invoke", plane.fn.functionId, "--grpc", "--data", "x", "--api-key", "nvapi-wrong"],
+      { env },
+    );
+    assert.equal(bad.code, 1);
+    assert.match(bad.stderr, /answered UNAUTHENTICATED: .*\(GRPC_UNAUTHENTICATED\)/);
+    assert.match(bad.stderr, /hint: the API key from --api-key was refused; request id [0-9a-f-]{36}/);
+  },
+);

@@ -12,7 +12,14 @@ import {
   type OutgoingHttpHeaders,
   type ServerHttp2Stream,
 } from "node:http2";
-import { GRPC, refuseStream, statusOfReset, type GrpcStatus } from "./grpc.js";
+import {
+  GRPC,
+  encodeGrpcMessage,
+  isGrpcRequest,
+  refuseStream,
+  statusOfReset,
+  type GrpcStatus,
+} from "./grpc.js";
 
 /**
  * Window sizes: a stream may have 1 MiB in flight and a connection 16 MiB (the defaults, 64 KiB
@@ -94,8 +101,14 @@ export interface StreamResult {
 export interface ForwardStreamOptions {
   /** Headers added to the response head (nvcf-reqid, a cookie). */
   responseHeaders?: OutgoingHttpHeaders;
-  /** What the client is told when the next hop fails before it answered. */
-  failure: (rstCode: number) => { grpcStatus: GrpcStatus; httpStatus: number; message: string };
+  /**
+   * What the client is told when the next hop fails: before it answered (a trailers-only answer),
+   * or, for gRPC, after (as trailers). `sessionGone`: the whole session to the next hop closed.
+   */
+  failure: (
+    rstCode: number,
+    sessionGone: boolean,
+  ) => { grpcStatus: GrpcStatus; httpStatus: number; message: string };
 }
 
 /** Passes `down` (a stream a client opened) to `session`; resolves when both sides are done. */
@@ -113,7 +126,7 @@ export function forwardStream(
     try {
       up = session.request(upHeaders, { endStream: downEnded });
     } catch {
-      const f = opts.failure(h2.NGHTTP2_REFUSED_STREAM);
+      const f = opts.failure(h2.NGHTTP2_REFUSED_STREAM, session.destroyed || session.closed);
       refuseStream(down, downHeaders, f, opts.responseHeaders as Record<string, string>);
       resolve({ ...result, outcome: "failed", grpcStatus: String(f.grpcStatus) });
       return;
@@ -165,14 +178,22 @@ export function forwardStream(
       upClosed = true;
       const code = up.rstCode ?? h2.NGHTTP2_NO_ERROR;
       if (!downClosed && !down.destroyed) {
+        const gone = session.destroyed || session.closed;
         if (!responded) {
           result.outcome = "failed";
-          const f = opts.failure(code);
+          const f = opts.failure(code, gone);
           result.grpcStatus = String(f.grpcStatus);
           refuseStream(down, downHeaders, f, opts.responseHeaders as Record<string, string>);
         } else if (code !== h2.NGHTTP2_NO_ERROR) {
           result.outcome = "reset";
-          down.close(code);
+          if (isGrpcRequest(downHeaders) && !down.writableEnded) {
+            // the answer had begun: end it with a status that says what happened, as trailers
+            const f = opts.failure(code, gone);
+            result.grpcStatus = String(f.grpcStatus);
+            trailers = { "grpc-status": String(f.grpcStatus), "grpc-message": encodeGrpcMessage(f.message) };
+            up.unpipe(down);
+            down.end();
+          } else down.close(code);
         }
       }
       settle();
@@ -182,8 +203,8 @@ export function forwardStream(
 
 /** What a client hears when the next hop reset a call before answering it. */
 export function resetFailure(where: string): ForwardStreamOptions["failure"] {
-  return (rstCode) => {
-    const status = rstCode === h2.NGHTTP2_NO_ERROR ? GRPC.UNAVAILABLE : statusOfReset(rstCode);
+  return (rstCode, sessionGone) => {
+    const status = sessionGone || rstCode === h2.NGHTTP2_NO_ERROR ? GRPC.UNAVAILABLE : statusOfReset(rstCode);
     return {
       grpcStatus: status,
       httpStatus: status === GRPC.CANCELLED ? 499 : 502,

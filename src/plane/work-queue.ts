@@ -56,6 +56,9 @@ export class WorkPublisher {
 
   /** Tells the version's workers to stop the request and removes its message if none took it yet. */
   cancel(fvid: string, requestId: string, why: string): void {
+    // a replica stopping now (its connection closing) cancels nothing: its messages expire by
+    // themselves, and a publish queued on a closing connection would fail after the fact
+    if (this.nc.isClosed() || this.nc.isDraining()) return;
     this.logger.debug({ requestId, why }, "cancelling request");
     try {
       this.nc.publish(subjects.cancel(fvid), requestId);

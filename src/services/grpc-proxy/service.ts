@@ -179,6 +179,8 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
   let replicas: ReplicaRegistry | undefined;
   let connectUri = "";
   let closing = false;
+  /** destroy(): NATS is being closed under everything, so nothing publishes any more. */
+  let destroyed = false;
   const reloaders: TlsReloader[] = [];
 
   // ------------------------------------------------------------------ sessions
@@ -216,7 +218,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       tokens.delete(ended.token);
       if (waiting.release(ended)) {
         // never reached by a worker: take the work back (a resumption queued none)
-        if (!ended.resumed) publisher?.cancel(ended.functionVersionId, ended.requestId, why);
+        if (!ended.resumed && !destroyed) publisher?.cancel(ended.functionVersionId, ended.requestId, why);
       } else openSessions.dec();
       if (sessions.get(ended.requestId) === ended) sessions.delete(ended.requestId);
       logger.info({ requestId: ended.requestId, functionId: ended.functionId, why }, "session ended");
@@ -391,13 +393,15 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
         nextHopRequestHeaders(headers, DROP_UPSTREAM, { "nvcf-reqid": session.requestId }),
         {
           responseHeaders: extra,
-          failure: (code) => ({
+          failure: (code, gone) => ({
             grpcStatus:
-              code === h2.NGHTTP2_NO_ERROR || code === h2.NGHTTP2_REFUSED_STREAM
+              gone || code === h2.NGHTTP2_NO_ERROR || code === h2.NGHTTP2_REFUSED_STREAM
                 ? GRPC.UNAVAILABLE
                 : statusOfReset(code),
             httpStatus: 503,
-            message: `the worker's tunnel for session ${session!.requestId} ended before the call was answered (HTTP/2 code ${code}); retry`,
+            message: gone
+              ? `the worker's tunnel for session ${session!.requestId} closed during the call; retry (a call without nvcf-reqid starts a new session)`
+              : `the worker reset the call (HTTP/2 code ${code})`,
           }),
         },
       );
@@ -535,6 +539,10 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     tunnels.inc({ result: "ok" });
     socket.setNoDelay(true);
     socket.setTimeout(0);
+    // Node's HTTP server accepts sockets half-open; an HTTP/2 session over one never notices the
+    // worker's end of the tunnel closing (calls on it would hang), so the socket closes with it.
+    socket.allowHalfOpen = false;
+    socket.once("end", () => socket.destroy());
     waiting.release(session);
     openSessions.inc();
     // HTTP/2 takes the socket over only once the 200 is written out: a TLS socket with a write still
@@ -768,16 +776,22 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     },
     destroy(): void {
       closing = true;
+      destroyed = true;
       clientServer.close();
       for (const s of clientSessions) s.destroy();
-      for (const s of [...sessions.values()]) s.tunnel?.destroy();
+      for (const s of [...sessions.values()]) {
+        s.end(new CallplaneError("SHUTTING_DOWN", "grpc-proxy stopped"), "replica destroyed");
+        s.tunnel?.destroy();
+      }
       workerTls?.close();
       for (const s of workerTlsSockets) s.destroy();
       connectHttp.destroy();
       for (const r of reloaders) r.close();
       tokens.close();
       auth.destroy();
-      void nc?.close();
+      // closed after the work just aborted has run its last steps (acks, unsubscribes): a publish
+      // made while nats.js closes is flushed after its socket ended, an uncaught "write after end"
+      setImmediate(() => void nc?.close());
     },
   };
 }

@@ -173,8 +173,9 @@ export function createWorkerAgent(
     } finally {
       clearInterval(keepAlive);
       if (item) inflight.delete(item.requestId);
-      // acked even on failure (contract §3.2): a redelivery would find the tokens used
-      m.ack();
+      // acked even on failure (contract §3.2): a redelivery would find the tokens used; not after
+      // destroy() closed the connection (the ack could only fail, after the fact)
+      if (!nc?.isClosed()) m.ack();
       items.inc({ outcome });
       duration.observe((performance.now() - started) / 1000);
       if (slot) {
@@ -292,7 +293,9 @@ export function createWorkerAgent(
       stopController.abort();
       for (const item of inflight.values()) item.abort.abort();
       http.destroy();
-      void nc?.close();
+      // closed after the work just aborted has run its last steps (acks, unsubscribes): a publish
+      // made while nats.js closes is flushed after its socket ended, an uncaught "write after end"
+      setImmediate(() => void nc?.close());
       void inference.destroy();
       void callbacks.agent.destroy();
     },
