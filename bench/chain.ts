@@ -36,10 +36,13 @@ export interface ChainOptions {
 }
 
 export interface GrpcChain {
-  /** host:port of grpc-proxy's client listener. */
+  /** host:port of grpc-proxy's client listener (workers reach it through the callback proxy). */
   target: string;
+  /** host:port of a second grpc-proxy whose workers dial its CONNECT listener directly (in-cluster). */
+  inCluster: string;
   functionId: string;
   proc: ChildProcess;
+  inClusterProc: ChildProcess;
   /** host:port of the example gRPC server, for direct calls. */
   direct: string;
   server: ChildProcess;
@@ -244,6 +247,18 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
       { POD_IP: grpcIp, CALLPLANE__GRPCPROXY__PORT: String(gport), CALLPLANE__GRPCPROXY__CONNECT_PORT: "0" },
       "grpc-proxy",
     );
+    const inClusterIp = "127.0.2.10";
+    const inClusterPort = await freePort(inClusterIp);
+    const inCluster = await service(
+      "grpc-proxy",
+      {
+        POD_IP: inClusterIp,
+        CALLPLANE__GRPCPROXY__PORT: String(inClusterPort),
+        CALLPLANE__GRPCPROXY__CONNECT_PORT: "0",
+        CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "false",
+      },
+      "grpc-proxy-in-cluster",
+    );
     const gworkers: ChildProcess[] = [];
     for (let i = 0; i < o.grpc.workers; i++) {
       gworkers.push(
@@ -273,8 +288,10 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     }
     grpc = {
       target: `${grpcIp}:${gport}`,
+      inCluster: `${inClusterIp}:${inClusterPort}`,
       functionId: gfn.id,
       proc: gproxy,
+      inClusterProc: inCluster,
       direct: `127.0.0.1:${serverPort}`,
       server,
       workers: gworkers,

@@ -145,7 +145,9 @@ async function streaming(
 }
 
 export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unknown>> {
-  const sessions = o.connections + 4;
+  // every connection is a session holding a worker slot until it has been idle for 30 s: room for
+  // all of them, over the three targets
+  const sessions = 3 * (o.connections + 2);
   const chain = await startChain({ workers: 1, concurrency: 8, grpc: { workers: 1, concurrency: sessions } });
   try {
     const g = chain.grpc!;
@@ -157,7 +159,7 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
       ),
     );
     // a first call each way shows the path works (h2load sees HTTP statuses, not grpc-status)
-    for (const target of [g.direct, g.target]) {
+    for (const target of [g.direct, g.target, g.inCluster]) {
       const r = await rawUnary(
         target,
         "/callplane.examples.Echo/Unary",
@@ -185,6 +187,7 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
       for (const [path, target] of [
         ["direct", g.direct],
         ["callplane", g.target],
+        ["inCluster", g.inCluster],
       ] as const) {
         const before = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuMs(pid)]));
         const r = await h2load(chain.dir, `${shape}-${path}`, target, md, { ...s, seconds: o.seconds });
@@ -207,6 +210,7 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
     const stream = {
       direct: await streaming(g.direct, md, o.streamMiB),
       callplane: await streaming(g.target, md, o.streamMiB),
+      inCluster: await streaming(g.inCluster, md, o.streamMiB),
     };
     const ratio = (shape: string) =>
       Math.round((runs[shape].callplane.rps / runs[shape].direct.rps) * 100) / 100;

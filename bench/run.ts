@@ -63,7 +63,7 @@ async function main(): Promise<void> {
       failed: number;
       cpuMsPer1k?: Record<string, number>;
     };
-    const u = result.unary as Record<string, Record<"direct" | "callplane", Run>>;
+    const u = result.unary as Record<string, Record<"direct" | "callplane" | "inCluster", Run>>;
     const ratio = result.ratio as Record<string, number>;
     console.log(
       `\ngRPC benchmark (unary 1 KiB, h2load; streaming 1 MiB messages, grpc-js), ${String(result.machine)}`,
@@ -76,19 +76,26 @@ async function main(): Promise<void> {
     for (const shape of Object.keys(u)) {
       const d = u[shape].direct;
       const c = u[shape].callplane;
+      const ic = u[shape].inCluster;
       const cpu = c.cpuMsPer1k
         ? Object.entries(c.cpuMsPer1k)
             .map(([k, v]) => `${k} ${v}`)
             .join(", ")
         : "";
       console.log(
-        `  ${label[shape].padEnd(38)} direct ${Math.round(d.rps)}/s p50 ${d.p50} ms p99 ${d.p99} ms | callplane ${Math.round(c.rps)}/s p50 ${c.p50} ms p99 ${c.p99} ms${c.failed ? ` failed ${c.failed}` : ""} | ${ratio[shape]}x direct | CPU ms per 1000 calls: ${cpu}`,
+        `  ${label[shape].padEnd(38)} direct ${Math.round(d.rps)}/s p50 ${d.p50} ms p99 ${d.p99} ms | callplane ${Math.round(c.rps)}/s p50 ${c.p50} ms p99 ${c.p99} ms${c.failed ? ` failed ${c.failed}` : ""} (${ratio[shape]}x direct) | in-cluster tunnel ${Math.round(ic.rps)}/s p50 ${ic.p50} ms p99 ${ic.p99} ms (${Math.round((ic.rps / d.rps) * 100) / 100}x) | callplane CPU ms per 1000 calls: ${cpu}`,
       );
     }
     console.log(`  added p50 with one call at a time: ${String(result.addedP50ms)} ms`);
-    const st = result.streamingMBps as Record<"direct" | "callplane", { up: number; down: number }>;
+    const st = result.streamingMBps as Record<
+      "direct" | "callplane" | "inCluster",
+      { up: number; down: number }
+    >;
     console.log(
-      `  streaming ${flag("stream-mib", 64)} MiB: up direct ${st.direct.up} MB/s, callplane ${st.callplane.up} MB/s | down direct ${st.direct.down} MB/s, callplane ${st.callplane.down} MB/s`,
+      `  streaming ${flag("stream-mib", 64)} MiB: up direct ${st.direct.up} MB/s, callplane ${st.callplane.up} MB/s, in-cluster ${st.inCluster.up} MB/s | down direct ${st.direct.down} MB/s, callplane ${st.callplane.down} MB/s, in-cluster ${st.inCluster.down} MB/s`,
+    );
+    console.log(
+      "  (callplane: workers tunnel through the callback proxy, TLS both legs, as npm start sets up; in-cluster: workers dial grpc-proxy's CONNECT listener, no TLS)",
     );
   } else if (which === "proxy") {
     result = await benchProxy({

@@ -328,12 +328,6 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     const conn = stream.session;
     let session: Session | undefined;
     let began = false;
-    const ended = new AbortController();
-    stream.once("close", () =>
-      ended.abort(
-        new CallplaneError("CLIENT_GONE", "the client cancelled the call while it waited for its worker"),
-      ),
-    );
     try {
       if (closing || !conn)
         throw new CallplaneError(
@@ -365,21 +359,10 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
         : sessionFor(conn, grant, functionId, pinned);
       session.begin();
       began = true;
-      const deadlineMs = grpcTimeoutMs(headers["grpc-timeout"]);
-      let deadline: NodeJS.Timeout | undefined;
-      if (deadlineMs !== undefined && session.state === "waiting") {
-        deadline = setTimeout(
-          () =>
-            ended.abort(
-              new CallplaneError(
-                "WORKER_LINK_TIMEOUT",
-                `failed to establish link to worker within the call's deadline (${deadlineMs} ms)`,
-              ),
-            ),
-          deadlineMs,
-        );
-      }
-      const tunnel = await session.waitForTunnel(ended.signal).finally(() => clearTimeout(deadline));
+      const tunnel =
+        session.state === "open" && session.tunnel && !session.tunnel.closed
+          ? session.tunnel
+          : await waitForWorker(stream, headers, session);
       const extra: Record<string, string> = { "nvcf-reqid": session.requestId };
       if (!session.cookieSent) {
         session.cookieSent = true;
@@ -425,7 +408,40 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     }
   }
 
+  /** A call that arrives before its session's tunnel waits for it (until the call's deadline, if any). */
+  async function waitForWorker(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, session: Session) {
+    const ended = new AbortController();
+    const onClose = () =>
+      ended.abort(
+        new CallplaneError("CLIENT_GONE", "the client cancelled the call while it waited for its worker"),
+      );
+    stream.once("close", onClose);
+    const deadlineMs = grpcTimeoutMs(headers["grpc-timeout"]);
+    const deadline =
+      deadlineMs === undefined
+        ? undefined
+        : setTimeout(
+            () =>
+              ended.abort(
+                new CallplaneError(
+                  "WORKER_LINK_TIMEOUT",
+                  `failed to establish link to worker within the call's deadline (${deadlineMs} ms)`,
+                ),
+              ),
+            deadlineMs,
+          );
+    try {
+      return await session.waitForTunnel(ended.signal);
+    } finally {
+      clearTimeout(deadline);
+      stream.off("close", onClose);
+    }
+  }
+
   function attachClientServer(server: Http2Server | Http2SecureServer): void {
+    // small calls one at a time: no Nagle delay on any hop (HTTP/2 sockets cannot be touched once
+    // the session has them)
+    server.on("connection", (sock: Socket) => sock.setNoDelay(true));
     server.on("session", (s: ServerHttp2Session) => {
       widenWindow(s);
       clientSessions.add(s);

@@ -14,6 +14,7 @@ import {
   type ServerHttp2Session,
   type ServerHttp2Stream,
 } from "node:http2";
+import { connect as netConnect } from "node:net";
 import type { SecureContext } from "node:tls";
 import type { MessageShape } from "@bufbuild/protobuf";
 import { fromBinary } from "@bufbuild/protobuf";
@@ -153,6 +154,8 @@ export class StatefulSession {
     const { host, port } = this.deps.cfg.inference;
     const s = h2connect(`http://${host.includes(":") ? `[${host}]` : host}:${port}`, {
       ...H2_SESSION_OPTIONS,
+      // small calls one at a time: no Nagle delay
+      createConnection: () => netConnect({ host, port, noDelay: true }),
     });
     s.on("error", (err: Error) =>
       this.deps.logger.warn(
