@@ -7,13 +7,16 @@
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
 import { connect as h2connect } from "node:http2";
+import { writeFileSync } from "node:fs";
 import { connect as netConnect, type Socket } from "node:net";
+import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import {
   Metadata,
+  credentials,
   status,
   type ClientDuplexStream,
   type ClientReadableStream,
@@ -24,7 +27,8 @@ import { WorkerInvokeFunctionRequestSchema } from "../src/gen/nvcf/worker_pb.js"
 import { fromBinary } from "@bufbuild/protobuf";
 import { subjects } from "../src/lib/queue.js";
 import { REQUEST_ID, waitFor } from "./testkit/client.js";
-import { runCli } from "./testkit/index.js";
+import { runCli, tmpDir } from "./testkit/index.js";
+import { testPki } from "./testkit/tls.js";
 import { freePort } from "./testkit/plane.js";
 import { echoMessage, grpcClient, meta, startGrpcPlane, unary, type EchoClient } from "./testkit/grpc.js";
 
@@ -541,3 +545,28 @@ test(
     assert.match(bad.stderr, /hint: the API key from --api-key was refused; request id [0-9a-f-]{36}/);
   },
 );
+
+test("TLS with ALPN h2 on the client listener, when configured", { timeout: 90_000 }, async (t) => {
+  const pki = await testPki();
+  const cert = await pki.issue(["grpc.callplane.test"]);
+  const dir = tmpDir(t, "callplane-grpc-tls-");
+  writeFileSync(join(dir, "tls.crt"), cert.certPem);
+  writeFileSync(join(dir, "tls.key"), cert.keyPem);
+  const plane = await startGrpcPlane(t, {
+    proxy: { clientTls: { certFile: join(dir, "tls.crt"), keyFile: join(dir, "tls.key") } },
+  });
+  const c = grpcClient(
+    t,
+    plane.proxies[0].target,
+    { "grpc.ssl_target_name_override": "grpc.callplane.test" },
+    credentials.createSsl(Buffer.from(pki.ca.certPem)),
+  );
+  const r = await unary(c, echoMessage("over TLS"), meta(plane.fn));
+  assert.equal(r.err, null, String(r.err?.details));
+  assert.equal(text(r.value), "over TLS");
+  // cleartext HTTP/2 is not served there
+  const plain = await unary(grpcClient(t, plane.proxies[0].target), echoMessage("x"), meta(plane.fn), {
+    deadline: Date.now() + 5000,
+  });
+  assert.equal(plain.err?.code, status.UNAVAILABLE);
+});

@@ -14,16 +14,13 @@
 // Needs root, for the namespace; without it the test says so and skips.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { mkdirSync, readFileSync, readdirSync } from "node:fs";
-import { createServer, type AddressInfo, type Server } from "node:net";
 import { join } from "node:path";
-import { spawn } from "node:child_process";
 import { test } from "node:test";
 import { status, type ClientReadableStream } from "@grpc/grpc-js";
 import type { EchoMessage } from "../src/gen/callplane/examples/echo_pb.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
 import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } from "../src/lib/pki.js";
 import { waitFor } from "./testkit/client.js";
+import { freePortOnAll, startNatsAt } from "./testkit/hosts.js";
 import { GRPC_FUNCTION, echoMessage, grpcClient, meta, runPython, unary } from "./testkit/grpc.js";
 import { startApi, tmpDir } from "./testkit/index.js";
 import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "./testkit/netns.js";
@@ -36,8 +33,6 @@ import {
   type ChildHandle,
 } from "./testkit/processes.js";
 
-type Ctx = Parameters<typeof startApi>[0];
-
 const REGION = "test";
 const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
 const WORKER_DOMAIN = "worker.callplane.test";
@@ -49,62 +44,6 @@ const CALLS_PER_CONNECTION = Number(process.env.CALLPLANE_TWO_NETWORKS_GRPC_CALL
 /** The killed replica's calls must end well before their deadline: a hang is not "failing fast". */
 const CALL_DEADLINE_MS = 60_000;
 const FAST_MS = 10_000;
-
-function listenOnce(host: string, port: number): Promise<Server> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(port, host, () => resolve(s));
-  });
-}
-
-async function freePort(hosts: string[]): Promise<number> {
-  for (let attempt = 0; attempt < 20; attempt++) {
-    const servers: Server[] = [];
-    try {
-      servers.push(await listenOnce(hosts[0], 0));
-      const port = (servers[0].address() as AddressInfo).port;
-      for (const h of hosts.slice(1)) servers.push(await listenOnce(h, port));
-      return port;
-    } catch {
-      // taken on one of the hosts
-    } finally {
-      await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
-    }
-  }
-  throw new Error(`no port free on all of ${hosts.join(", ")}`);
-}
-
-async function startNatsAt(t: Ctx, dir: string, host: string): Promise<{ url: string; port: number }> {
-  mkdirSync(dir, { recursive: true });
-  const files = writeNatsServerConfig(dir, { host, port: -1 }, { name: "two-networks-grpc" });
-  const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
-  let stderr = "";
-  child.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-16_384)));
-  const exited = new Promise((r) => child.once("exit", r));
-  t.after(async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    child.kill("SIGTERM");
-    const k = setTimeout(() => child.kill("SIGKILL"), 3000);
-    await exited;
-    clearTimeout(k);
-  });
-  const port = await waitFor(
-    "nats-server's ports file",
-    () => {
-      if (child.exitCode !== null) throw new Error(`nats-server exited: ${stderr}`);
-      const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
-      if (!f) return undefined;
-      const ports = JSON.parse(readFileSync(join(dir, f), "utf8")) as { nats: string[] };
-      return Number(new URL(ports.nats[0]).port) || undefined;
-    },
-    { timeoutMs: 10_000, intervalMs: 25 },
-  );
-  await waitForNats({ host, port });
-  return { url: `nats://${host}:${port}`, port };
-}
 
 interface CallOutcome {
   replica: number;
@@ -128,7 +67,7 @@ test(
     const ns: Netns = await createNetns(scope);
     t.diagnostic(`namespace ${ns.name}: ${ns.hostIp} <-> ${ns.nsIp}`);
 
-    const nats = await startNatsAt(scope, join(dir, "nats"), ns.hostIp);
+    const nats = await startNatsAt(scope, join(dir, "nats"), ns.hostIp, "two-networks-grpc");
     const api = await startApi(scope);
     const fn = await deployFunction(api, `two-networks-grpc-${randomBytes(4).toString("hex")}`, {
       ...GRPC_FUNCTION,
@@ -147,8 +86,8 @@ test(
       grpcReplicaIps: REPLICA_IPS,
     }))
       await ensureServerCert(c.folder, ca, c.dnsNames);
-    const workerTlsPort = await freePort(REPLICA_IPS);
-    const proxyPort = await freePort([ns.hostIp]);
+    const workerTlsPort = await freePortOnAll(REPLICA_IPS);
+    const proxyPort = await freePortOnAll([ns.hostIp]);
     const serviceEnv = {
       CALLPLANE__GLOBAL__DATA_DIR: dir,
       CALLPLANE__GLOBAL__REGION: REGION,

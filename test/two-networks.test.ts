@@ -15,18 +15,16 @@
 // Needs root, for the namespace; without it the test says so and skips.
 import assert from "node:assert/strict";
 import { randomBytes, randomUUID } from "node:crypto";
-import { mkdirSync, readFileSync, readdirSync } from "node:fs";
-import { createServer, type AddressInfo, type Server } from "node:net";
+import { createServer } from "node:net";
 import { join } from "node:path";
-import { spawn } from "node:child_process";
 import { test } from "node:test";
 import { jetstreamManager, type ConsumerInfo, type StreamInfo } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { Agent, request } from "undici";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
 import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } from "../src/lib/pki.js";
 import { subjects } from "../src/lib/queue.js";
 import { waitFor } from "./testkit/client.js";
+import { freePortOnAll, startNatsAt } from "./testkit/hosts.js";
 import { startApi, tmpDir } from "./testkit/index.js";
 import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "./testkit/netns.js";
 import { deployFunction } from "./testkit/plane.js";
@@ -37,8 +35,6 @@ import {
   startService,
   type ChildHandle,
 } from "./testkit/processes.js";
-
-type Ctx = Parameters<typeof startApi>[0];
 
 const REGION = "test";
 const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
@@ -96,64 +92,6 @@ const describe = (o: Outcome) =>
       : `${o.status} nvcf-status=${o.nvcfStatus} body ${o.body === o.payload ? "matches" : `differs: ${o.body?.slice(0, 200)}`}`
   }`;
 
-function listenOnce(host: string, port: number): Promise<Server> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(port, host, () => resolve(s));
-  });
-}
-
-/** A TCP port free on every one of the hosts (the replicas share their worker TLS port number). */
-async function freePort(hosts: string[]): Promise<number> {
-  for (let attempt = 0; attempt < 20; attempt++) {
-    const servers: Server[] = [];
-    try {
-      servers.push(await listenOnce(hosts[0], 0));
-      const port = (servers[0].address() as AddressInfo).port;
-      for (const h of hosts.slice(1)) servers.push(await listenOnce(h, port));
-      return port;
-    } catch {
-      // taken on one of the hosts: try another
-    } finally {
-      await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
-    }
-  }
-  throw new Error(`no port free on all of ${hosts.join(", ")}`);
-}
-
-/** nats-server with JetStream on host (a port it picks), stopped when the test ends. */
-async function startNatsAt(t: Ctx, dir: string, host: string): Promise<{ url: string; port: number }> {
-  mkdirSync(dir, { recursive: true });
-  const files = writeNatsServerConfig(dir, { host, port: -1 }, { name: "two-networks" });
-  const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
-  let stderr = "";
-  child.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-16_384)));
-  const exited = new Promise((r) => child.once("exit", r));
-  t.after(async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    child.kill("SIGTERM");
-    const k = setTimeout(() => child.kill("SIGKILL"), 3000);
-    await exited;
-    clearTimeout(k);
-  });
-  const port = await waitFor(
-    "nats-server's ports file",
-    () => {
-      if (child.exitCode !== null) throw new Error(`nats-server exited: ${stderr}`);
-      const f = readdirSync(dir).find((n) => n.endsWith(".ports"));
-      if (!f) return undefined;
-      const ports = JSON.parse(readFileSync(join(dir, f), "utf8")) as { nats: string[] };
-      return Number(new URL(ports.nats[0]).port) || undefined;
-    },
-    { timeoutMs: 10_000, intervalMs: 25 },
-  );
-  await waitForNats({ host, port });
-  return { url: `nats://${host}:${port}`, port };
-}
-
 function jsonLines(lines: string[]): Array<Record<string, unknown>> {
   const out: Array<Record<string, unknown>> = [];
   for (const l of lines) {
@@ -190,7 +128,7 @@ test(
 
     // --- the root namespace: nats-server and the proxy on the link's host address; the API,
     // the replicas on loopback ---
-    const nats = await startNatsAt(scope, join(dir, "nats"), ns.hostIp);
+    const nats = await startNatsAt(scope, join(dir, "nats"), ns.hostIp, "two-networks");
     const api = await startApi(scope);
     const fn = await deployFunction(api, `two-networks-${randomBytes(4).toString("hex")}`, {
       inferenceUrl: "/echo",
@@ -210,8 +148,8 @@ test(
     }))
       await ensureServerCert(c.folder, ca, c.dnsNames);
 
-    const workerTlsPort = await freePort(REPLICA_IPS);
-    const proxyPort = await freePort([ns.hostIp]);
+    const workerTlsPort = await freePortOnAll(REPLICA_IPS);
+    const proxyPort = await freePortOnAll([ns.hostIp]);
     const serviceEnv = {
       CALLPLANE__GLOBAL__DATA_DIR: dir,
       CALLPLANE__GLOBAL__REGION: REGION,

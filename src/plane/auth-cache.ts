@@ -42,6 +42,37 @@ export interface AuthCacheOptions {
   registry: Registry;
 }
 
+/** The cache settings as the configuration gives them (invocation.authCache), in seconds. */
+export interface AuthCacheSettings {
+  ttlSeconds: number;
+  negativeTtlSeconds: number;
+  maxEntries: number;
+}
+
+export const DEFAULT_AUTH_CACHE: AuthCacheSettings = {
+  ttlSeconds: 10,
+  negativeTtlSeconds: 5,
+  maxEntries: 10_000,
+};
+
+/** An AuthCache for a front-door service, from its configuration's settings. */
+export function createAuthCache(
+  opts: { apiUrl: string; serviceToken: string; authCache?: AuthCacheSettings | undefined },
+  logger: Logger,
+  registry: Registry,
+): AuthCache {
+  const c = opts.authCache ?? DEFAULT_AUTH_CACHE;
+  return new AuthCache({
+    apiUrl: opts.apiUrl,
+    serviceToken: opts.serviceToken,
+    ttlMs: c.ttlSeconds * 1000,
+    negativeTtlMs: c.negativeTtlSeconds * 1000,
+    maxEntries: c.maxEntries,
+    logger,
+    registry,
+  });
+}
+
 export class AuthCache {
   private readonly entries = new Map<string, Entry>();
   private readonly dispatcher = new Agent({ keepAliveTimeout: 30_000, connections: 16 });

@@ -3,7 +3,13 @@
 // their own loopback addresses and worker agents, all real and stopped when the test ends. Clients:
 // @grpc/grpc-js (grpcClient) and Python's grpcio (runPython, test/grpc_client.py).
 import { create } from "@bufbuild/protobuf";
-import { Metadata, credentials, makeGenericClientConstructor, type Client } from "@grpc/grpc-js";
+import {
+  Metadata,
+  credentials,
+  makeGenericClientConstructor,
+  type ChannelCredentials,
+  type Client,
+} from "@grpc/grpc-js";
 import { spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -136,8 +142,13 @@ export type EchoClient = Client & {
 const EchoClientCtor = makeGenericClientConstructor(grpcDefinition(Echo), "Echo");
 
 /** A @grpc/grpc-js client of callplane.examples.Echo on one HTTP/2 connection to `target`. */
-export function grpcClient(t: Ctx, target: string, options: Record<string, unknown> = {}): EchoClient {
-  const c = new EchoClientCtor(target, credentials.createInsecure(), {
+export function grpcClient(
+  t: Ctx,
+  target: string,
+  options: Record<string, unknown> = {},
+  creds: ChannelCredentials = credentials.createInsecure(),
+): EchoClient {
+  const c = new EchoClientCtor(target, creds, {
     ...UNLIMITED_MESSAGES,
     // a new connection per client object: tests count sessions by client
     "grpc.use_local_subchannel_pool": 1,

@@ -52,7 +52,7 @@ import {
 } from "../../lib/net.js";
 import { connectNats, subjects, type QueueLimits } from "../../lib/queue.js";
 import { TlsReloader } from "../../lib/tls-reload.js";
-import { AuthCache, type Grant } from "../../plane/auth-cache.js";
+import { createAuthCache, type AuthCacheSettings, type Grant } from "../../plane/auth-cache.js";
 import { PendingTable } from "../../plane/pending.js";
 import { REGISTRY_BUCKETS, ReplicaRegistry } from "../../plane/registry.js";
 import { RELAYED_HEADER } from "../../plane/relay.js";
@@ -78,7 +78,7 @@ export interface GrpcProxyOptions {
   apiUrl: string;
   serviceToken: string;
   queue: QueueLimits;
-  authCache?: { ttlSeconds: number; negativeTtlSeconds: number; maxEntries: number };
+  authCache?: AuthCacheSettings;
   /** A connect URL shared by every replica (grpcproxy.workerConnectBaseURL), instead of the pod's own. */
   sharedConnectUrl?: string | undefined;
   /** Workers reach this replica through the callback proxy: the name its SNI routing reads. */
@@ -136,16 +136,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
   const holderId = opts.holderId ?? newHolderId();
   const idleMs = opts.sessionIdleMs ?? 30_000;
   const tokenTtlMs = opts.connectTokenTtlMs ?? 30_000;
-  const cacheOpts = opts.authCache ?? { ttlSeconds: 10, negativeTtlSeconds: 5, maxEntries: 10_000 };
-  const auth = new AuthCache({
-    apiUrl: opts.apiUrl,
-    serviceToken: opts.serviceToken,
-    ttlMs: cacheOpts.ttlSeconds * 1000,
-    negativeTtlMs: cacheOpts.negativeTtlSeconds * 1000,
-    maxEntries: cacheOpts.maxEntries,
-    logger,
-    registry,
-  });
+  const auth = createAuthCache(opts, logger, registry);
   const calls = new Counter({
     name: "callplane_grpc_calls_total",
     help: "Client gRPC calls by outcome (ok: passed through and answered; refused: answered by grpc-proxy itself; reset; failed: the tunnel failed)",

@@ -30,7 +30,12 @@ import {
 import { dashIp, type HostPort } from "../../lib/net.js";
 import { connectNats, subjects, type QueueLimits } from "../../lib/queue.js";
 import { PumpLimitError, pump, readFramedHead, readPrefix } from "../../lib/stream.js";
-import { AuthCache, type Grant, type GrantVersion } from "../../plane/auth-cache.js";
+import {
+  createAuthCache,
+  type AuthCacheSettings,
+  type Grant,
+  type GrantVersion,
+} from "../../plane/auth-cache.js";
 import { PendingTable } from "../../plane/pending.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { RELAYED_HEADER, Relay } from "../../plane/relay.js";
@@ -55,7 +60,7 @@ export interface InvocationServiceOptions {
     graceSeconds: number;
   };
   statusRequestTimeoutMs?: number;
-  authCache?: { ttlSeconds: number; negativeTtlSeconds: number; maxEntries: number };
+  authCache?: AuthCacheSettings;
   queue: QueueLimits;
   logger?: Logger;
   registry?: Registry;
@@ -141,16 +146,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     graceSeconds: 2,
   };
   const statusTimeoutMs = opts.statusRequestTimeoutMs ?? 5000;
-  const cacheOpts = opts.authCache ?? { ttlSeconds: 10, negativeTtlSeconds: 5, maxEntries: 10_000 };
-  const auth = new AuthCache({
-    apiUrl: opts.apiUrl,
-    serviceToken: opts.serviceToken,
-    ttlMs: cacheOpts.ttlSeconds * 1000,
-    negativeTtlMs: cacheOpts.negativeTtlSeconds * 1000,
-    maxEntries: cacheOpts.maxEntries,
-    logger,
-    registry,
-  });
+  const auth = createAuthCache(opts, logger, registry);
 
   const invocations = new Counter({
     name: "callplane_invocations_total",
