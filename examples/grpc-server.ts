@@ -31,7 +31,8 @@ import {
 } from "../src/gen/grpc/health/v1/health_pb.js";
 import { UNLIMITED_MESSAGES, grpcDefinition } from "../src/lib/grpc-def.js";
 
-export const stats = { calls: 0, cancelled: 0 };
+/** calls, cancelled calls, and ServerStream messages handed to grpc-js (flow-control tests watch it). */
+export const stats = { calls: 0, cancelled: 0, streamed: 0 };
 
 const SERVICES = new Set(["", "callplane.examples.Echo"]);
 
@@ -96,6 +97,7 @@ const echo = {
       for (let i = 0; i < n && !call.cancelled; i++) {
         if (i > 0 && call.request.delayMs) await sleep(call.request.delayMs);
         if (call.cancelled) break;
+        stats.streamed++;
         if (!call.write(create(EchoMessageSchema, { payload: call.request.payload }))) {
           await new Promise((r) => call.once("drain", r));
         }

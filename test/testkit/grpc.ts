@@ -42,7 +42,11 @@ export interface GrpcPlane {
   nats: Nats;
   api: ApiFixture;
   fn: DeployedFunction;
-  example: { port: number; stats: { calls: number; cancelled: number }; stop(): Promise<void> };
+  example: {
+    port: number;
+    stats: { calls: number; cancelled: number; streamed: number };
+    stop(): Promise<void>;
+  };
   proxies: Array<{ proxy: GrpcProxy; target: string; host: string }>;
   workers: WorkerAgent[];
   addWorker(env?: Record<string, string>): Promise<WorkerAgent>;
