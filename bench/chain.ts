@@ -11,7 +11,13 @@ import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from 
 import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
 import { ensureNatsKeys, readWorkerSeed } from "../src/lib/nats-auth.js";
-import { TLS_FILES, createCa, invocationCertFolder, issueServerCert } from "../src/lib/pki.js";
+import {
+  TLS_FILES,
+  createCa,
+  grpcProxyCertFolder,
+  invocationCertFolder,
+  issueServerCert,
+} from "../src/lib/pki.js";
 import { freePort, start, waitHttp } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
@@ -23,6 +29,26 @@ export interface ChainOptions {
   concurrency: number;
   /** Extra environment for the worker agents. */
   workerEnv?: NodeJS.ProcessEnv;
+  /**
+   * Also a gRPC function: the example gRPC server, `grpcWorkers` worker agents for it, and one
+   * grpc-proxy replica whose workers open their tunnels through the callback proxy (as `npm start`
+   * sets up).
+   */
+  grpc?: { workers: number; concurrency: number };
+}
+
+export interface GrpcChain {
+  /** host:port of grpc-proxy's client listener (workers reach it through the callback proxy). */
+  target: string;
+  /** host:port of a second grpc-proxy whose workers dial its CONNECT listener directly (in-cluster). */
+  inCluster: string;
+  functionId: string;
+  proc: ChildProcess;
+  inClusterProc: ChildProcess;
+  /** host:port of the example gRPC server, for direct calls. */
+  direct: string;
+  server: ChildProcess;
+  workers: ChildProcess[];
 }
 
 export interface Chain {
@@ -37,6 +63,7 @@ export interface Chain {
   proxy: ChildProcess;
   nats: ChildProcess;
   workers: ChildProcess[];
+  grpc: GrpcChain | undefined;
   /** Every process of the chain by role, for CPU and memory figures. */
   roles(path: "viaProxy" | "directCallbacks"): Record<string, number[]>;
   close(): void;
@@ -102,6 +129,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   const invPort = await freePort();
   const tlsPort = await freePort();
   const proxyPort = await freePort();
+  const grpcIp = "127.0.2.9";
+  const grpcTlsPort = await freePort(grpcIp);
   const common: NodeJS.ProcessEnv = {
     CALLPLANE__GLOBAL__DATA_DIR: dir,
     CALLPLANE__LOG__LEVEL: "warn",
@@ -119,6 +148,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     CALLPLANE__INVOCATION__RELAY__ENABLED: "false",
     // no issuer in the bench: the API must not look for its key
     CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",
+    CALLPLANE__GRPCPROXY__RELAY__ENABLED: "false",
+    CALLPLANE__GRPCPROXY__WORKER_TLS_PORT: String(grpcTlsPort),
   };
   // each service's log goes to <dir>/logs/<name>.log (CALLPLANE_BENCH_KEEP=1 keeps the folder)
   mkdirSync(join(dir, "logs"), { recursive: true });
@@ -203,8 +234,98 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
       ),
     );
   }
+  let grpc: GrpcChain | undefined;
+  if (o.grpc) {
+    const gfn = (
+      await json<{ function: { id: string; versionId: string } }>(`${api}/v2/nvcf/functions`, admin, {
+        name: "bench-grpc",
+        inferenceUrl: "/grpc",
+        containerImage: "local/grpc-echo",
+        health: { protocol: "gRPC", uri: "/" },
+      })
+    ).function;
+    await json(`${api}/v2/nvcf/deployments/functions/${gfn.id}/versions/${gfn.versionId}`, admin, {
+      deploymentSpecifications: [
+        {
+          gpu: "local",
+          instanceType: "local.cpu",
+          minInstances: o.grpc.workers,
+          maxInstances: o.grpc.workers,
+          maxRequestConcurrency: o.grpc.concurrency,
+        },
+      ],
+    });
+    const gpod = await issueServerCert(ca, [`127-0-2-9.grpc-headless.${SERVICE_DOMAIN}`]);
+    const gpodDir = grpcProxyCertFolder(pki, grpcIp);
+    mkdirSync(gpodDir, { recursive: true });
+    writeFileSync(join(gpodDir, TLS_FILES.cert), gpod.certPem);
+    writeFileSync(join(gpodDir, TLS_FILES.key), gpod.keyPem, { mode: 0o600 });
+    const gport = await freePort(grpcIp);
+    const serverPort = await freePort();
+    const server = await start(
+      "grpc-server",
+      process.execPath,
+      [join(dist, "examples/grpc-server.js"), "--listen", `127.0.0.1:${serverPort}`],
+      {},
+    );
+    const gproxy = await service(
+      "grpc-proxy",
+      { POD_IP: grpcIp, CALLPLANE__GRPCPROXY__PORT: String(gport), CALLPLANE__GRPCPROXY__CONNECT_PORT: "0" },
+      "grpc-proxy",
+    );
+    const inClusterIp = "127.0.2.10";
+    const inClusterPort = await freePort(inClusterIp);
+    const inCluster = await service(
+      "grpc-proxy",
+      {
+        POD_IP: inClusterIp,
+        CALLPLANE__GRPCPROXY__PORT: String(inClusterPort),
+        CALLPLANE__GRPCPROXY__CONNECT_PORT: "0",
+        CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "false",
+      },
+      "grpc-proxy-in-cluster",
+    );
+    const gworkers: ChildProcess[] = [];
+    for (let i = 0; i < o.grpc.workers; i++) {
+      gworkers.push(
+        await start(
+          `grpc-worker-${i}`,
+          process.execPath,
+          [join(dist, "src/services/worker/main.js")],
+          {
+            NVCF_FQDN_NATS: `nats://127.0.0.1:${natsPort}`,
+            FUNCTION_ID: gfn.id,
+            FUNCTION_VERSION_ID: gfn.versionId,
+            INFERENCE_PORT: String(serverPort),
+            INFERENCE_HEALTH_PROTOCOL: "gRPC",
+            HEALTH_HOST: "127.0.0.1",
+            HEALTH_PORT: "0",
+            MAX_REQUEST_CONCURRENCY: String(o.grpc.concurrency),
+            NVCF_REGION: "bench",
+            BASE_RESPONSE_DIR: join(dir, `grpc-responses-${i}`),
+            NVCF_PROXY_CA_FILE: join(pki, "ca.crt"),
+            CALLPLANE_WORKER_HOST_MAP: `*.${WORKER_DOMAIN}=127.0.0.1`,
+            CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: "1",
+            CALLPLANE_LOG_LEVEL: "warn",
+          },
+          { ipc: true, logFile: join(dir, "logs", `grpc-worker-${i}.log`) },
+        ),
+      );
+    }
+    grpc = {
+      target: `${grpcIp}:${gport}`,
+      inCluster: `${inClusterIp}:${inClusterPort}`,
+      functionId: gfn.id,
+      proc: gproxy,
+      inClusterProc: inCluster,
+      direct: `127.0.0.1:${serverPort}`,
+      server,
+      workers: gworkers,
+    };
+  }
   const path = `/v2/nvcf/pexec/functions/${fn.id}`;
   return {
+    grpc,
     dir,
     key,
     functionId: fn.id,

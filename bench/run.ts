@@ -3,6 +3,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
+import { benchGrpc } from "./grpc.js";
 import { benchInvoke } from "./invoke.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
 import { benchSecrets } from "./secrets.js";
@@ -48,6 +49,56 @@ async function main(): Promise<void> {
         `  ${name.padEnd(16)} 1 client: p50 ${l[name].p50} ms p99 ${l[name].p99} ms${name === "direct" ? "" : ` (added p50 ${l.addedP50ms[name]} ms)`} | ${flag("connections", 32)} clients: ${Math.round(t[name].rps)}/s p50 ${t[name].p50} ms p99 ${t[name].p99} ms${t[name].errors ? ` errors ${t[name].errors}` : ""}${name === "direct" ? "" : ` (${t.ratio[name]}x direct)`} | CPU ms/invocation: ${cpu}`,
       );
     }
+  } else if (which === "grpc") {
+    result = await benchGrpc({
+      seconds: flag("seconds", 8),
+      streams: flag("streams", 32),
+      connections: flag("connections", 8),
+      perConnection: flag("per-connection", 8),
+      streamMiB: flag("stream-mib", 64),
+    });
+    type Run = {
+      rps: number;
+      p50: number;
+      p99: number;
+      succeeded: number;
+      failed: number;
+      cpuMsPer1k?: Record<string, number>;
+    };
+    const u = result.unary as Record<string, Record<"direct" | "callplane" | "inCluster", Run>>;
+    const ratio = result.ratio as Record<string, number>;
+    console.log(
+      `\ngRPC benchmark (unary 1 KiB, h2load; streaming 1 MiB messages, grpc-js), ${String(result.machine)}`,
+    );
+    const label: Record<string, string> = {
+      oneAtATime: "one call at a time",
+      oneConnection: `one connection, ${flag("streams", 32)} concurrent calls`,
+      manyConnections: `${flag("connections", 8)} connections x ${flag("per-connection", 8)} calls`,
+    };
+    for (const shape of Object.keys(u)) {
+      const d = u[shape].direct;
+      const c = u[shape].callplane;
+      const ic = u[shape].inCluster;
+      const cpu = c.cpuMsPer1k
+        ? Object.entries(c.cpuMsPer1k)
+            .map(([k, v]) => `${k} ${v}`)
+            .join(", ")
+        : "";
+      console.log(
+        `  ${label[shape].padEnd(38)} direct ${Math.round(d.rps)}/s p50 ${d.p50} ms p99 ${d.p99} ms | callplane ${Math.round(c.rps)}/s p50 ${c.p50} ms p99 ${c.p99} ms${c.failed ? ` failed ${c.failed}` : ""} (${ratio[shape]}x direct) | in-cluster tunnel ${Math.round(ic.rps)}/s p50 ${ic.p50} ms p99 ${ic.p99} ms (${Math.round((ic.rps / d.rps) * 100) / 100}x) | callplane CPU ms per 1000 calls: ${cpu}`,
+      );
+    }
+    console.log(`  added p50 with one call at a time: ${String(result.addedP50ms)} ms`);
+    const st = result.streamingMBps as Record<
+      "direct" | "callplane" | "inCluster",
+      { up: number; down: number }
+    >;
+    console.log(
+      `  streaming ${flag("stream-mib", 64)} MiB: up direct ${st.direct.up} MB/s, callplane ${st.callplane.up} MB/s, in-cluster ${st.inCluster.up} MB/s | down direct ${st.direct.down} MB/s, callplane ${st.callplane.down} MB/s, in-cluster ${st.inCluster.down} MB/s`,
+    );
+    console.log(
+      "  (callplane: workers tunnel through the callback proxy, TLS both legs, as npm start sets up; in-cluster: workers dial grpc-proxy's CONNECT listener, no TLS)",
+    );
   } else if (which === "proxy") {
     result = await benchProxy({
       seconds: flag("seconds", 8),

@@ -1,6 +1,7 @@
 // The README's two commands run through here: `npm start` and `npm test` (and `npm run bench`).
 // This file has no dependencies, so it can run on a fresh clone: it installs npm packages when the
-// lockfile changed, builds the TypeScript, finds or installs nats-server 2.10+, then hands over.
+// lockfile changed, builds the TypeScript, finds or installs nats-server 2.10+ (and, for the tests,
+// Python's grpcio), then hands over.
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
@@ -109,6 +110,8 @@ switch (command) {
   }
   case "test": {
     ensureNatsServer();
+    // the gRPC tests call grpc-proxy with Python's grpcio as well (Debian's python3-grpcio)
+    run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
     const bin = (name) => join(root, "node_modules", ".bin", name);
     step("lint (eslint) ...");
     run(bin("eslint"), ["."], { what: "lint" });

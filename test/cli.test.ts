@@ -621,7 +621,7 @@ test("the CLI config file supplies the token and URLs; unknown keys are named", 
   );
   assert.match(
     bad.stderr,
-    /^hint: the keys it may hold are token, apiUrl, issuerUrl, invocationUrl, apiKey$/m,
+    /^hint: the keys it may hold are token, apiUrl, issuerUrl, invocationUrl, grpcUrl, apiKey$/m,
   );
 });
 

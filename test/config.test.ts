@@ -8,7 +8,7 @@ import { spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { ConfigError, loadConfig, type ConfigInput } from "../src/lib/config.js";
+import { ConfigError, loadConfig, localPodNetworkProblems, type ConfigInput } from "../src/lib/config.js";
 import { distRoot, tmpDir } from "./testkit/index.js";
 
 /** Loads with no file and no process environment (only what the test gives). */
@@ -340,4 +340,54 @@ test("nats.workerAuth is nkey or token; token mode needs a webhook URL; the URL 
   // an empty token source is the default source
   assert.equal(load().compute.workerIdentity.tokenSource, "");
   assert.match(problems({ compute: { workerIdentity: { tokenSource: "off" as never } } })[0], /tokenSource/);
+});
+
+test("grpc-proxy: several replicas behind one tunnel address need the relay; the two names of that address must agree", () => {
+  const base = (relay: boolean, shared: ConfigInput): ConfigInput => ({
+    ...shared,
+    grpcproxy: { ...shared.grpcproxy, replicaCount: 3, relay: { enabled: relay } },
+    workerCallbackProxy: { enabled: false },
+  });
+  const sharedUrls: Array<[string, ConfigInput]> = [
+    [
+      "grpcproxy.workerConnectBaseURL",
+      { grpcproxy: { workerConnectBaseURL: "http://grpc.example.com:10086" } },
+    ],
+    [
+      "global.workerEndpoints.grpcProxyWorkerConnectURL",
+      { global: { workerEndpoints: { grpcProxyWorkerConnectURL: "http://grpc.example.com:10086" } } },
+    ],
+  ];
+  for (const [key, shared] of sharedUrls) {
+    const p = problems(base(false, shared));
+    assert.equal(p.length, 1, p.join(" | "));
+    assertNames(p[0], ["grpcproxy.replicaCount", key, "grpcproxy.relay.enabled", "is 3"]);
+    assert.equal(load(base(true, shared)).grpcproxy.relay.enabled, true);
+  }
+  const both = problems({
+    workerCallbackProxy: { enabled: false },
+    grpcproxy: { workerConnectBaseURL: "http://a.example.com:10086" },
+    global: { workerEndpoints: { grpcProxyWorkerConnectURL: "http://b.example.com:10086" } },
+  });
+  assert.equal(both.length, 1, both.join(" | "));
+  assertNames(both[0], [
+    "grpcproxy.workerConnectBaseURL",
+    "global.workerEndpoints.grpcProxyWorkerConnectURL",
+  ]);
+  const tls = problems({ grpcproxy: { tls: { enabled: true } } });
+  assertNames(tls[0], ["grpcproxy.tls.enabled", "grpcproxy.tls.certFile", "grpcproxy.tls.keyFile"]);
+});
+
+test("the local stack's pod networks must lie inside the proxy's, naming both keys", () => {
+  const c = load({ workerCallbackProxy: { podNetworks: ["127.0.1.0/24"] } });
+  const p = localPodNetworkProblems(c);
+  assert.equal(p.length, 1, p.join(" | "));
+  assertNames(p[0], ["grpcproxy.podNetwork", "127.0.2.0/24", "workerCallbackProxy.podNetworks"]);
+  assert.deepEqual(localPodNetworkProblems(load()), []);
+  assert.deepEqual(
+    localPodNetworkProblems(
+      load({ grpcproxy: { replicaCount: 0 }, workerCallbackProxy: { podNetworks: ["127.0.1.0/24"] } }),
+    ),
+    [],
+  );
 });

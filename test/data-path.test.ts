@@ -13,6 +13,8 @@ import { Readable } from "node:stream";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
+import { createSecureContext } from "node:tls";
+import { podAwareLookup } from "../src/lib/pod-lookup.js";
 import { CallbackClient } from "../src/services/worker/callback.js";
 import { startApi, startNats, tmpDir } from "./testkit/index.js";
 import { deployFunction, workerEnv } from "./testkit/plane.js";
@@ -179,9 +181,11 @@ test("a large chunked body streams both ways through the callback proxy with a s
   const proxyPort = new URL(proxy.urls.proxy).port;
   // the worker's own client: forward-proxy requests inside TLS to the proxy, verified with the CA
   const client = new CallbackClient({
-    hostMap: new Map([["invocation.worker.callplane.test", "127.0.0.1"]]),
-    serviceDomain: "nvcf.svc.cluster.local",
-    caPem: pki.ca.certPem,
+    lookup: podAwareLookup(
+      new Map([["invocation.worker.callplane.test", "127.0.0.1"]]),
+      "nvcf.svc.cluster.local",
+    ),
+    secureContext: createSecureContext({ ca: pki.ca.certPem }),
   });
   scope.after(() => client.close());
   const target = {

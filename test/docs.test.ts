@@ -9,7 +9,8 @@ import { test } from "node:test";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { configSchema, loadConfig } from "../src/lib/config.js";
-import { ERROR_CODES, problemType, type ErrorCode } from "../src/lib/errors.js";
+import { ERROR_CODES, GRPC_STATUS, problemType, type ErrorCode } from "../src/lib/errors.js";
+import { GRPC } from "../src/lib/grpc.js";
 
 // compiled to dist/test/, so the repository root is two levels up
 const repoRoot = join(import.meta.dirname, "..", "..");
@@ -58,9 +59,10 @@ const withoutFences = (doc: string): string => doc.replace(/^```[\s\S]*?^```/gm,
 
 // ---------------------------------------------------------------- errors
 
-const ERRORS_HEADER = ["code", "status", "kind", "title", "when it happens and what to do"];
+const ERRORS_HEADER = ["code", "status", "gRPC", "kind", "title", "when it happens and what to do"];
+const GRPC_NAMES = Object.fromEntries(Object.entries(GRPC).map(([name, n]) => [n, name]));
 
-void test("docs/errors.md lists every error code, in order, with its status, kind and title", () => {
+void test("docs/errors.md lists every error code, in order, with its status, gRPC status, kind and title", () => {
   const rows = tableRows(readDoc("errors.md"), ERRORS_HEADER);
   const codes = rows.map((r) => onlyCode(r[0], "code column"));
   assert.deepEqual(
@@ -68,9 +70,11 @@ void test("docs/errors.md lists every error code, in order, with its status, kin
     Object.keys(ERROR_CODES),
     "codes in the doc differ from ERROR_CODES (names or order)",
   );
-  for (const [code, status, kind, title, what] of rows) {
-    const want = ERROR_CODES[onlyCode(code, "code column") as ErrorCode];
+  for (const [code, status, grpc, kind, title, what] of rows) {
+    const name = onlyCode(code, "code column") as ErrorCode;
+    const want = ERROR_CODES[name];
     assert.equal(Number(status), want.status, `${code}: status`);
+    assert.equal(onlyCode(grpc, "gRPC column"), GRPC_NAMES[GRPC_STATUS[name]], `${code}: gRPC status`);
     assert.equal(kind, want.kind, `${code}: kind`);
     assert.equal(title, want.title, `${code}: title`);
     assert.ok(what.length >= 40, `${code}: say when it happens and what to do`);

@@ -2,7 +2,7 @@
 // folder of its own, driven by what a user sees (its output, stack.json, logs, exit codes) and
 // checked for what it must never do (leave processes behind, clobber a running stack).
 // Addresses: services on 127.0.40.x, invocation replicas on 127.0.41.0/24, instances on
-// 127.0.42.0/24, so this file never meets a developer's stack (127.0.0.1:4222/8080..., 127.0.1.x,
+// 127.0.42.0/24, grpc-proxy replicas on 127.0.43.0/24, so this file never meets a developer's stack (127.0.0.1:4222/8080..., 127.0.1.x,
 // 127.0.3.x) nor test/compute.test.ts (127.0.30-32.x).
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
@@ -27,6 +27,7 @@ import { plainClient } from "./testkit/trust.js";
 import { descendants, lifo, running } from "./testkit/proc.js";
 import { setTimeout as sleep } from "node:timers/promises";
 import { call, distRoot, tmpDir } from "./testkit/index.js";
+import { rawUnary } from "../src/lib/grpc-def.js";
 
 /** Waits for a condition; these tests start whole process trees, so the default is generous. */
 const waitFor = <T>(
@@ -43,6 +44,7 @@ interface StackJson {
   nats: string;
   compute: string;
   invocation: string[];
+  grpc: string[];
   proxy?: string;
   workerDomain?: string;
   ca?: string;
@@ -56,6 +58,7 @@ interface StackJson {
     httpFunctionName: string;
     sseFunctionId: string;
     slowFunctionId: string;
+    grpcFunctionId: string;
   };
 }
 
@@ -87,6 +90,8 @@ async function writeConfig(dir: string, host: string, podNetwork: string, instan
     await freePort(host),
   ];
   const [nats, api, issuer, compute, proxy, proxyMetrics] = ports;
+  // grpc-proxy replicas beside the invocation ones: 127.0.41.x becomes 127.0.43.x
+  const grpcNetwork = podNetwork.replace(/^127\.0\.41\./, "127.0.43.");
   const file = join(dir, "callplane.yaml");
   writeFileSync(
     file,
@@ -104,10 +109,13 @@ async function writeConfig(dir: string, host: string, podNetwork: string, instan
       "invocation:",
       `  podNetwork: ${podNetwork}`,
       "  shutdownGraceSeconds: 10",
+      "grpcproxy:",
+      `  podNetwork: ${grpcNetwork}`,
+      "  shutdownGraceSeconds: 5",
       "workerCallbackProxy:",
       `  listen: ${host}:${proxy}`,
       `  metricsListen: ${host}:${proxyMetrics}`,
-      `  podNetworks: [${podNetwork}]`,
+      `  podNetworks: [${podNetwork}, ${grpcNetwork}]`,
       "compute:",
       `  listen: ${host}:${compute}`,
       `  instanceNetwork: ${instanceNetwork}`,
@@ -282,15 +290,44 @@ test("local stack", async (t) => {
         "invocation-1",
         "invocation-2",
         "callback-proxy",
+        "grpc-proxy-1",
+        "grpc-proxy-2",
         "compute",
       ]) {
         const log = join(cfg.dataDir, "logs", `${service}.log`);
         assert.ok(existsSync(log), `${log} exists`);
         assert.ok(statSync(log).size > 0, `${log} is not empty`);
       }
+      // gRPC: two grpc-proxy replicas, each answering the demo's Echo/Unary through its worker's tunnel
+      assert.deepEqual(info.grpc, ["http://127.0.43.1:10081", "http://127.0.43.2:10081"]);
+      assert.match(info.demo.grpcFunctionId, /^[0-9a-f-]{36}$/);
+      for (const url of info.grpc) {
+        const r = await rawUnary(
+          new URL(url).host,
+          "/callplane.examples.Echo/Unary",
+          Buffer.from([0x0a, 4, ...Buffer.from("ping")]),
+          { authorization: `Bearer ${info.demo.apiKey}`, "function-id": info.demo.grpcFunctionId },
+          30_000,
+        );
+        assert.deepEqual([...r.response], [0x0a, 4, ...Buffer.from("ping")], `${url} echoes`);
+      }
+      // the workers' tunnels came through the callback proxy (routed by server name) to each
+      // replica's worker TLS listener
+      // (replica logs are written in batches)
+      for (const n of [1, 2]) {
+        await poll(
+          `grpc-proxy-${n}'s log line of a tunnel through the proxy`,
+          () =>
+            /"via":"worker-tls".*"msg":"tunnel open"/.test(
+              readFileSync(join(cfg.dataDir, "logs", `grpc-proxy-${n}.log`), "utf8"),
+            ),
+          10_000,
+        );
+      }
       const out = first.output();
       assert.match(out, /callplane: ready: .*stack\.json/);
       assert.match(out, /demo: invoked .* -> 200/);
+      assert.match(out, /demo: called demo-grpc .* -> "hello over gRPC"/);
     },
   );
 
@@ -419,11 +456,11 @@ test("local stack", async (t) => {
       const demos = fns.body.functions.filter((f) => f.name.startsWith("demo-"));
       assert.deepEqual(
         demos.map((f) => f.id).sort(),
-        [firstDemoId, info2.demo.sseFunctionId, info2.demo.slowFunctionId].sort(),
+        [firstDemoId, info2.demo.sseFunctionId, info2.demo.slowFunctionId, info2.demo.grpcFunctionId].sort(),
       );
       assert.deepEqual(
-        [info2.demo.sseFunctionId, info2.demo.slowFunctionId],
-        [info!.demo.sseFunctionId, info!.demo.slowFunctionId],
+        [info2.demo.sseFunctionId, info2.demo.slowFunctionId, info2.demo.grpcFunctionId],
+        [info!.demo.sseFunctionId, info!.demo.slowFunctionId, info!.demo.grpcFunctionId],
       );
       const r = await invoke(info2.invocation[1], firstDemoId, info2.demo.apiKey, { again: true });
       assert.equal(r.status, 200, r.text);

@@ -24,8 +24,6 @@ export type GlobalOptions = {
 export const DEFAULT_API_URL = "http://127.0.0.1:8080";
 export const DEFAULT_ISSUER_URL = "http://127.0.0.1:8081";
 export const DEFAULT_CONFIG_FILE = "~/.config/callplane/config.yaml";
-export const DEFAULT_STATE_FILE = "~/.config/callplane/state.json";
-
 /** A value and a phrase that says where it came from ("CALLPLANE_API_URL", "the --api flag", ...). */
 export interface Sourced<T = string> {
   value: T;
@@ -41,6 +39,7 @@ const cliConfigSchema = z.strictObject({
   apiUrl: httpUrl.optional(),
   issuerUrl: httpUrl.optional(),
   invocationUrl: httpUrl.optional(),
+  grpcUrl: httpUrl.optional(),
   apiKey: z.string().min(1, "must not be empty").optional(),
 });
 export type CliConfig = z.infer<typeof cliConfigSchema>;
@@ -63,6 +62,8 @@ const stackFileSchema = z.looseObject({
       sseFunctionName: z.string().optional(),
       slowFunctionId: z.string().optional(),
       slowFunctionName: z.string().optional(),
+      grpcFunctionId: z.string().optional(),
+      grpcFunctionName: z.string().optional(),
     })
     .optional(),
 });
@@ -275,6 +276,17 @@ export class Settings {
     if (this.config.invocationUrl) return pick(this.config.invocationUrl, this.fromConfig("invocationUrl"));
     const first = this.stack?.invocation[0];
     if (first) return pick(first, this.fromStack("invocation[0]"));
+    return undefined;
+  }
+
+  /** Where gRPC calls go: a grpc-proxy replica's client listener. */
+  grpcUrl(flag: string | undefined): Sourced | undefined {
+    const pick = (value: string, from: string): Sourced => ({ value: checkUrl(value, from), from });
+    if (flag) return pick(flag, "--grpc-url");
+    if (env("CALLPLANE_GRPC_URL")) return pick(env("CALLPLANE_GRPC_URL")!, "CALLPLANE_GRPC_URL");
+    if (this.config.grpcUrl) return pick(this.config.grpcUrl, this.fromConfig("grpcUrl"));
+    const first = this.stack?.grpc[0];
+    if (first) return pick(first, this.fromStack("grpc[0]"));
     return undefined;
   }
 

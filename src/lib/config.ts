@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { isAbsolute, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { parseCidr, parseHostPort } from "./net.js";
+import { cidrContains, parseCidr, parseHostPort } from "./net.js";
 
 const hostPort = z.string().refine(
   (v) => {
@@ -243,8 +243,23 @@ export const configSchema = z.strictObject({
     upstreamConnectionsPerPod: z.number().int().min(1).max(4096).default(256),
   }),
   grpcproxy: section({
-    replicaCount: z.number().int().min(0).max(250).default(0),
+    replicaCount: z.number().int().min(0).max(250).default(2),
+    podNetwork: cidr.default("127.0.2.0/24"),
+    port: z.number().int().min(0).max(65535).default(10081),
+    connectPort: z.number().int().min(0).max(65535).default(10086),
+    workerTlsPort: z.number().int().min(1).max(65535).default(10084),
     workerConnectBaseURL: optionalUrl(["http", "https"]),
+    sessionIdleSeconds: seconds(30, 3600),
+    connectTokenTtlSeconds: seconds(30, 300),
+    tls: section({
+      enabled: z.boolean().default(false),
+      certFile: z.string().default(""),
+      keyFile: z.string().default(""),
+    }),
+    relay: section({
+      enabled: z.boolean().default(true),
+    }),
+    shutdownGraceSeconds: seconds(30, 3600),
   }),
   compute: section({
     backend: z.enum(["local"]).default("local"),
@@ -384,6 +399,31 @@ function crossFieldProblems(c: Config, explicitlyEmpty: { webhookUrl: boolean })
     }
     if (!ok) p.push("nats.authCallout.workerTokenAuth.webhookUrl: must be an http or https URL");
   }
+  const g = c.grpcproxy;
+  if (
+    g.workerConnectBaseURL &&
+    we.grpcProxyWorkerConnectURL &&
+    g.workerConnectBaseURL !== we.grpcProxyWorkerConnectURL
+  ) {
+    p.push(
+      `grpcproxy.workerConnectBaseURL (${g.workerConnectBaseURL}) and global.workerEndpoints.grpcProxyWorkerConnectURL (${we.grpcProxyWorkerConnectURL}) are both set and differ: they name the same thing, the shared address workers open gRPC tunnels at. Set one of them`,
+    );
+  }
+  const sharedGrpc = g.workerConnectBaseURL
+    ? "grpcproxy.workerConnectBaseURL"
+    : we.grpcProxyWorkerConnectURL
+      ? "global.workerEndpoints.grpcProxyWorkerConnectURL"
+      : undefined;
+  if (g.replicaCount > 1 && sharedGrpc && !g.relay.enabled) {
+    p.push(
+      `grpcproxy.replicaCount is ${g.replicaCount} with a shared tunnel address (${sharedGrpc}) and grpcproxy.relay.enabled is false: a worker's tunnel balanced to a replica that does not hold its session would be refused, and the client's call would fail. Turn grpcproxy.relay.enabled on, or set grpcproxy.replicaCount to 1`,
+    );
+  }
+  if (g.tls.enabled && (!g.tls.certFile || !g.tls.keyFile)) {
+    p.push(
+      "grpcproxy.tls.enabled is true but grpcproxy.tls.certFile or grpcproxy.tls.keyFile is empty: TLS on the client listener needs both files",
+    );
+  }
   if (c.compute.restartBackoff.initialSeconds > c.compute.restartBackoff.maxSeconds) {
     p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
   }
@@ -441,6 +481,36 @@ function unwrap(t: z.ZodType): z.ZodType {
       return cur;
     }
   }
+}
+
+/**
+ * On one machine, with the callback proxy on, the stack's pods (invocation.podNetwork,
+ * grpcproxy.podNetwork) must lie inside workerCallbackProxy.podNetworks, or the proxy refuses every
+ * callback and tunnel to them. (Across machines the pods' addresses come from the cluster, so the
+ * rule belongs to the local stack, which calls this.)
+ */
+export function localPodNetworkProblems(c: Config): string[] {
+  const p: string[] = [];
+  const proxy = c.workerCallbackProxy;
+  if (!proxy.enabled) return p;
+  const inside = (cidr: string) => {
+    const net = parseCidr(cidr);
+    return proxy.podNetworks.some((n) => {
+      const outer = parseCidr(n);
+      return outer.bits <= net.bits && cidrContains(outer, cidr.split("/")[0]);
+    });
+  };
+  const pods: Array<[string, string, boolean]> = [
+    ["invocation.podNetwork", c.invocation.podNetwork, c.invocation.replicaCount > 0],
+    ["grpcproxy.podNetwork", c.grpcproxy.podNetwork, c.grpcproxy.replicaCount > 0],
+  ];
+  for (const [key, cidr, used] of pods) {
+    if (used && !inside(cidr))
+      p.push(
+        `${key} ${cidr} is not inside workerCallbackProxy.podNetworks (${proxy.podNetworks.join(", ")}): the callback proxy would refuse every worker callback or tunnel to those pods. Add ${cidr} to workerCallbackProxy.podNetworks, or move ${key} inside them`,
+      );
+  }
+  return p;
 }
 
 export interface LoadOptions {
@@ -573,6 +643,9 @@ function resolveDerived(c: Config, cwd: string): void {
   const front = c.workerCallbackProxy.tls.frontend;
   front.certFile = front.certFile ? abs(front.certFile) : resolve(c.pki.dir, "proxy", "tls.crt");
   front.keyFile = front.keyFile ? abs(front.keyFile) : resolve(c.pki.dir, "proxy", "tls.key");
+  const gt = c.grpcproxy.tls;
+  if (gt.certFile) gt.certFile = abs(gt.certFile);
+  if (gt.keyFile) gt.keyFile = abs(gt.keyFile);
   if (c.workerCallbackProxy.enabled && !c.global.workerEndpoints.invocationProxyURL) {
     c.global.workerEndpoints.invocationProxyURL = `https://invocation.${c.workerCallbackProxy.workerDomain}:${parseHostPort(c.workerCallbackProxy.listen).port}`;
   }

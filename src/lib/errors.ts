@@ -1,7 +1,8 @@
 // One error base for every service. Each code is stable (clients and docs depend on it), has one
-// HTTP status and says whether the caller (user) or callplane (system) is at fault. The table is
-// typed so that a code without a status does not compile; docs/errors.md lists the same codes and a
-// test keeps the two in step.
+// HTTP status and one gRPC status and says whether the caller (user) or callplane (system) is at
+// fault. The tables are typed so that a code without a status does not compile; docs/errors.md lists
+// the same codes and a test keeps the two in step.
+import { GRPC, type GrpcStatus } from "./grpc.js";
 
 export const ERROR_CODES = {
   // request shape
@@ -69,12 +70,89 @@ export const ERROR_CODES = {
   NATS_ACCOUNT_REFUSED: { status: 403, kind: "user", title: "NATS account or plugin not served" },
   WORKER_AUTH_MODE_OFF: { status: 403, kind: "user", title: "Worker token mode is off" },
   IDENTITY_NOT_FOUND: { status: 404, kind: "user", title: "Worker identity not found" },
+  // gRPC invocation (grpc-proxy) and its worker tunnel
+  FUNCTION_ID_REQUIRED: { status: 400, kind: "user", title: "function-id metadata missing" },
+  WORKER_LINK_TIMEOUT: { status: 504, kind: "system", title: "No worker connected in time" },
+  SESSION_NOT_FOUND: { status: 404, kind: "user", title: "No such gRPC session" },
+  TUNNEL_LOST: { status: 503, kind: "system", title: "The worker's tunnel closed" },
+  CONNECT_UNAUTHENTICATED: { status: 401, kind: "user", title: "CONNECT without a token" },
+  CONNECT_REQUEST_ID_INVALID: { status: 400, kind: "user", title: "CONNECT without a valid request id" },
+  CONNECT_TOKEN_INVALID: { status: 403, kind: "user", title: "Invalid CONNECT token" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
   INTERNAL: { status: 500, kind: "system", title: "Internal error" },
 } as const satisfies Record<string, { status: number; kind: "user" | "system"; title: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;
+
+/** The gRPC status of each code, for calls that grpc-proxy refuses itself (contract §4.1). */
+export const GRPC_STATUS: Record<ErrorCode, GrpcStatus> = {
+  BAD_REQUEST: GRPC.INVALID_ARGUMENT,
+  MALFORMED_JSON: GRPC.INVALID_ARGUMENT,
+  VALIDATION_FAILED: GRPC.INVALID_ARGUMENT,
+  BAD_POLL_SECONDS: GRPC.INVALID_ARGUMENT,
+  UNSUPPORTED_MEDIA_TYPE: GRPC.INVALID_ARGUMENT,
+  BODY_TOO_LARGE: GRPC.RESOURCE_EXHAUSTED,
+  HEADERS_TOO_LARGE: GRPC.RESOURCE_EXHAUSTED,
+  REQUEST_TIMEOUT: GRPC.DEADLINE_EXCEEDED,
+  EXPECTATION_FAILED: GRPC.INVALID_ARGUMENT,
+  NOT_FOUND: GRPC.UNIMPLEMENTED,
+  METHOD_NOT_ALLOWED: GRPC.UNIMPLEMENTED,
+  UNAUTHENTICATED: GRPC.UNAUTHENTICATED,
+  TOKEN_INVALID: GRPC.UNAUTHENTICATED,
+  TOKEN_EXPIRED: GRPC.UNAUTHENTICATED,
+  FORBIDDEN_SCOPE: GRPC.PERMISSION_DENIED,
+  FUNCTION_NOT_FOUND: GRPC.NOT_FOUND,
+  VERSION_NOT_FOUND: GRPC.NOT_FOUND,
+  DEPLOYMENT_NOT_FOUND: GRPC.NOT_FOUND,
+  KEY_NOT_FOUND: GRPC.NOT_FOUND,
+  FUNCTION_NAME_TAKEN: GRPC.ALREADY_EXISTS,
+  DEPLOYMENT_EXISTS: GRPC.ALREADY_EXISTS,
+  VERSION_DEPLOYED: GRPC.FAILED_PRECONDITION,
+  ISSUER_DISABLED: GRPC.NOT_FOUND,
+  FUNCTION_NOT_DEPLOYED: GRPC.NOT_FOUND,
+  REQUEST_NOT_FOUND: GRPC.NOT_FOUND,
+  QUEUE_FULL: GRPC.RESOURCE_EXHAUSTED,
+  INVOCATION_TIMEOUT: GRPC.DEADLINE_EXCEEDED,
+  WORKER_NOT_ACKNOWLEDGED: GRPC.DEADLINE_EXCEEDED,
+  ATTACH_TOKEN_INVALID: GRPC.UNAUTHENTICATED,
+  ATTACH_FRAMING_INVALID: GRPC.INVALID_ARGUMENT,
+  CLIENT_GONE: GRPC.CANCELLED,
+  WORKER_RESPONSE_INVALID: GRPC.INTERNAL,
+  SHUTTING_DOWN: GRPC.UNAVAILABLE,
+  PROXY_TARGET_INVALID: GRPC.INVALID_ARGUMENT,
+  PROXY_TARGET_FORBIDDEN: GRPC.PERMISSION_DENIED,
+  PROXY_HOST_MISMATCH: GRPC.INVALID_ARGUMENT,
+  PROXY_FRAMING_INVALID: GRPC.INVALID_ARGUMENT,
+  CONNECT_DISABLED: GRPC.UNIMPLEMENTED,
+  UPSTREAM_UNAVAILABLE: GRPC.UNAVAILABLE,
+  UPSTREAM_TIMEOUT: GRPC.DEADLINE_EXCEEDED,
+  HOLDER_GONE: GRPC.UNAVAILABLE,
+  FUNCTION_ID_REQUIRED: GRPC.INVALID_ARGUMENT,
+  WORKER_LINK_TIMEOUT: GRPC.DEADLINE_EXCEEDED,
+  SESSION_NOT_FOUND: GRPC.NOT_FOUND,
+  TUNNEL_LOST: GRPC.UNAVAILABLE,
+  CONNECT_UNAUTHENTICATED: GRPC.UNAUTHENTICATED,
+  CONNECT_REQUEST_ID_INVALID: GRPC.INVALID_ARGUMENT,
+  CONNECT_TOKEN_INVALID: GRPC.PERMISSION_DENIED,
+  UNAVAILABLE: GRPC.UNAVAILABLE,
+  INTERNAL: GRPC.INTERNAL,
+  // the control plane's (secrets, worker trust): never answered on the gRPC port, mapped as NVCF maps
+  // HTTP statuses to gRPC ones
+  TOKEN_ISSUER_DISABLED: GRPC.UNAUTHENTICATED,
+  SECRET_NOT_FOUND: GRPC.NOT_FOUND,
+  SECRET_UNREADABLE: GRPC.INTERNAL,
+  SECRET_KEY_UNAVAILABLE: GRPC.UNAVAILABLE,
+  ROTATION_IN_PROGRESS: GRPC.ABORTED,
+  NO_ROTATION: GRPC.FAILED_PRECONDITION,
+  MEK_UNKNOWN: GRPC.INVALID_ARGUMENT,
+  WORKER_TOKEN_INVALID: GRPC.UNAUTHENTICATED,
+  WORKER_TOKEN_EXPIRED: GRPC.UNAUTHENTICATED,
+  WORKER_TOKEN_REVOKED: GRPC.UNAUTHENTICATED,
+  NATS_ACCOUNT_REFUSED: GRPC.PERMISSION_DENIED,
+  WORKER_AUTH_MODE_OFF: GRPC.PERMISSION_DENIED,
+  IDENTITY_NOT_FOUND: GRPC.NOT_FOUND,
+};
 
 export interface Problem {
   type: string;

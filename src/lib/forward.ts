@@ -16,7 +16,7 @@
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { Dispatcher } from "undici";
 import type { CallplaneError } from "./errors.js";
-import { HOP_BY_HOP, connectionListed } from "./headers.js";
+import { endToEndHeaders, endToEndPairs, foldPairs, rawPairs } from "./headers.js";
 import { writeProblem } from "./http.js";
 
 export type ForwardOutcome =
@@ -190,12 +190,7 @@ export function forward(
             }
             result.status = statusCode;
             chunkedAnswer = headers["content-length"] === undefined;
-            const out: OutgoingHttpHeaders = {};
-            const listed = connectionListed(headers.connection);
-            for (const [k, v] of Object.entries(headers)) {
-              if (v === undefined || HOP_BY_HOP.has(k) || listed.has(k)) continue;
-              out[k] = v;
-            }
+            const out: OutgoingHttpHeaders = endToEndHeaders(headers);
             cork();
             res.writeHead(statusCode, out);
           },
@@ -258,16 +253,13 @@ export function forwardHeaders(
   protect: ReadonlySet<string>,
   drop: ReadonlySet<string> = new Set(),
 ): Record<string, string | string[]> {
-  const listed = connectionListed(req.headers.connection);
-  const out: Record<string, string | string[]> = {};
-  const raw = req.rawHeaders;
-  for (let i = 0; i < raw.length; i += 2) {
-    const lower = raw[i].toLowerCase();
-    if (HOP_BY_HOP.has(lower) || lower === "expect" || drop.has(lower)) continue;
-    if (listed.has(lower) && !protect.has(lower)) continue;
-    const cur = out[lower];
-    out[lower] =
-      cur === undefined ? raw[i + 1] : Array.isArray(cur) ? [...cur, raw[i + 1]] : [cur, raw[i + 1]];
+  let withExpect = dropWithExpect.get(drop);
+  if (!withExpect) {
+    withExpect = new Set([...drop, "expect"]);
+    dropWithExpect.set(drop, withExpect);
   }
-  return out;
+  return foldPairs(endToEndPairs(rawPairs(req.rawHeaders), { drop: withExpect, protect }));
 }
+
+// callers pass constant sets: each gets its "plus Expect" set once
+const dropWithExpect = new WeakMap<ReadonlySet<string>, ReadonlySet<string>>();

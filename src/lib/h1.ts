@@ -42,7 +42,7 @@ export class FramingError extends Error {
 }
 
 /** Parses a complete head (without the final CRLFCRLF). */
-export function parseResponseHead(head: string): ParsedHead {
+function parseResponseHead(head: string): ParsedHead {
   const lines = head.split("\r\n");
   const m = /^HTTP\/1\.[01] (\d{3})(?: (.*))?$/.exec(lines[0] ?? "");
   if (!m)

@@ -23,7 +23,12 @@ import { subjects } from "./queue.js";
 export const NATS_ACCOUNTS = { app: "APP", auth: "AUTH", sys: "SYS" } as const;
 export type NatsAccount = (typeof NATS_ACCOUNTS)[keyof typeof NATS_ACCOUNTS];
 
-export const REGISTRY_BUCKET = "callplane_replicas";
+/** The registries of live replicas, one per kind: each kind alone may write its own. */
+export const REGISTRY_BUCKETS = {
+  invocation: "callplane_replicas",
+  grpcProxy: "callplane_grpc_replicas",
+} as const;
+export const REGISTRY_BUCKET = REGISTRY_BUCKETS.invocation;
 export const pollBucket = (region: string) => `requestToFunctionVersion_${region}`;
 
 /** The inbox prefix each kind of client uses; its grant covers that prefix and nothing else. */
@@ -56,10 +61,9 @@ const kv = (bucket: string) => ({
   write: `$KV.${bucket}.>`,
 });
 
-/** What no one but the invocation replicas may do: create or write the buckets they own. */
+/** What no one but the replicas may do: create or write the buckets they own. */
 const replicaOwned = (region: string) => [
-  `$JS.API.STREAM.*.KV_${REGISTRY_BUCKET}`,
-  `$KV.${REGISTRY_BUCKET}.>`,
+  ...Object.values(REGISTRY_BUCKETS).flatMap((b) => [`$JS.API.STREAM.*.KV_${b}`, `$KV.${b}.>`]),
   `$JS.API.STREAM.*.KV_${pollBucket(region)}`,
   `$KV.${pollBucket(region)}.>`,
 ];
@@ -75,7 +79,10 @@ const publisher = (role: string, region: string, extra: string[] = []): Permissi
       "$JS.API.STREAM.PURGE.*",
       ...extra,
     ],
-    deny: [`$JS.API.STREAM.PURGE.KV_${REGISTRY_BUCKET}`, `$JS.API.STREAM.PURGE.KV_${pollBucket(region)}`],
+    deny: [
+      ...Object.values(REGISTRY_BUCKETS).map((b) => `$JS.API.STREAM.PURGE.KV_${b}`),
+      `$JS.API.STREAM.PURGE.KV_${pollBucket(region)}`,
+    ],
   },
   subscribe: { allow: [`${INBOX.service(role)}.>`] },
 });
@@ -115,12 +122,19 @@ export const SERVICE_ROLES = {
       return publisher("invocation", region, [...registry.api, registry.write, ...polls.api, polls.write]);
     },
   },
-  /** gRPC proxy replicas (being added in parallel): the same publishing side, no registry writes. */
+  /**
+   * gRPC proxy replicas: the same publishing side, their own registry (not the invocation
+   * replicas'), and the session reconnect requests to workers (stateful_session.reconnect).
+   */
   "grpc-proxy": {
     account: NATS_ACCOUNTS.app,
     permissions: ({ region }) => {
-      const polls = kv(pollBucket(region));
-      return publisher("grpc-proxy", region, [...polls.api, polls.write]);
+      const registry = kv(REGISTRY_BUCKETS.grpcProxy);
+      return publisher("grpc-proxy", region, [
+        ...registry.api,
+        registry.write,
+        "stateful_session.reconnect.*.*",
+      ]);
     },
   },
   /** The auth callout: receives the server's authorization requests and answers them. */
@@ -151,7 +165,12 @@ export function tokenWorkerPermissions(region: string, fvid: string, instanceId:
       ],
     },
     subscribe: {
-      allow: [`${INBOX.tokenWorker(instanceId)}.>`, subjects.cancel(fvid), subjects.pollingFilter(fvid)],
+      allow: [
+        `${INBOX.tokenWorker(instanceId)}.>`,
+        subjects.cancel(fvid),
+        subjects.pollingFilter(fvid),
+        subjects.reconnectFilter(fvid),
+      ],
     },
     allowResponses: true,
   };
@@ -165,13 +184,15 @@ export function nkeyWorkerPermissions(region: string): Permissions {
   return {
     publish: {
       allow: ["$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.*.>"],
-      deny: [REGISTRY_BUCKET, pollBucket(region)].flatMap((b) => [
+      deny: [...Object.values(REGISTRY_BUCKETS), pollBucket(region)].flatMap((b) => [
         `$JS.API.CONSUMER.INFO.KV_${b}.*`,
         `$JS.API.CONSUMER.MSG.NEXT.KV_${b}.*`,
         `$JS.ACK.KV_${b}.>`,
       ]),
     },
-    subscribe: { allow: ["_INBOX_WK.>", "nvcf.cancel.*", "rq_polling.*.*"] },
+    subscribe: {
+      allow: ["_INBOX_WK.>", "nvcf.cancel.*", "rq_polling.*.*", "stateful_session.reconnect.*.*"],
+    },
     allowResponses: true,
   };
 }

@@ -5,7 +5,7 @@
 // mounts them: a folder with tls.crt, tls.key and ca.crt.
 import "reflect-metadata";
 import * as x509 from "@peculiar/x509";
-import { X509Certificate, createHash, createPrivateKey, randomBytes, webcrypto } from "node:crypto";
+import { X509Certificate, createPrivateKey, randomBytes, webcrypto } from "node:crypto";
 
 type CryptoKey = webcrypto.CryptoKey;
 import { existsSync, readFileSync } from "node:fs";
@@ -203,10 +203,6 @@ export async function ensureServerCert(
   return "issued";
 }
 
-export function certFingerprint(pem: string): string {
-  return createHash("sha256").update(pem).digest("hex").slice(0, 16);
-}
-
 export interface StackCertificate {
   name: string;
   folder: string;
@@ -223,9 +219,16 @@ export function invocationCertFolder(pkiDir: string, podIp: string): string {
   return join(pkiDir, "invocation", podIp.replaceAll(".", "-"));
 }
 
+/** The folder a grpc-proxy replica's worker TLS listener certificate lives in. */
+export function grpcProxyCertFolder(pkiDir: string, podIp: string): string {
+  return join(pkiDir, "grpc-proxy", podIp.replaceAll(".", "-"));
+}
+
 /**
  * The certificates a stack needs from its CA: the proxy's frontend (unless the operator supplies
- * one) and each invocation replica's worker listener (when the proxy re-encrypts to pods).
+ * one), each invocation replica's worker listener (when the proxy re-encrypts to pods) and each
+ * grpc-proxy replica's worker TLS listener (`<dashed-ip>.grpc-headless.<service domain>`, which
+ * the proxy verifies when it routes a gRPC tunnel by its server name).
  */
 export function stackCertificates(opts: {
   pkiDir: string;
@@ -239,6 +242,7 @@ export function stackCertificates(opts: {
   natsNames?: string[];
   /** nats.tls.certFile: issued here only when it is the stack's own default. */
   natsCertFile?: string;
+  grpcReplicaIps?: string[];
 }): StackCertificate[] {
   const out: StackCertificate[] = [];
   if (opts.natsNames?.length && opts.natsCertFile === join(natsCertFolder(opts.pkiDir), TLS_FILES.cert)) {
@@ -260,6 +264,13 @@ export function stackCertificates(opts: {
         dnsNames: [`${ip.replaceAll(".", "-")}.invocation.${opts.serviceDomain}`],
       });
     }
+  }
+  for (const ip of opts.grpcReplicaIps ?? []) {
+    out.push({
+      name: `grpc-proxy ${ip}`,
+      folder: grpcProxyCertFolder(opts.pkiDir, ip),
+      dnsNames: [`${ip.replaceAll(".", "-")}.grpc-headless.${opts.serviceDomain}`],
+    });
   }
   return out;
 }

@@ -45,6 +45,10 @@ export const subjects = {
   polling: (fvid: string, requestId: string) => `rq_polling.${fvid}.${requestId}`,
   pollingFilter: (fvid: string) => `rq_polling.${fvid}.*`,
   cancel: (fvid: string) => `nvcf.cancel.${fvid}`,
+  /** A gRPC session's worker listens here for tunnels to more replicas (session resumption). */
+  // callplane: the version is in the subject (as for polls), so a worker may hear only its own
+  reconnect: (fvid: string, requestId: string) => `stateful_session.reconnect.${fvid}.${requestId}`,
+  reconnectFilter: (fvid: string) => `stateful_session.reconnect.${fvid}.*`,
 } as const;
 
 /**
@@ -186,6 +190,11 @@ export function classifyPublishError(err: unknown): "full" | "duplicate" | "no-s
   const text = String((err as Error)?.message ?? err);
   if (/per subject/i.test(text)) return "duplicate";
   if (/maximum (messages|bytes) exceeded|insufficient resources/i.test(text)) return "full";
-  if (/no (stream|responders)|stream not found/i.test(text)) return "no-stream";
+  // nats.js v3 reports a publish that no stream captures (no responders) as "jetstream is not enabled"
+  if (
+    /no (stream|responders)|stream not found|jetstream is not enabled/i.test(text) ||
+    (err as Error)?.name === "JetStreamNotEnabled"
+  )
+    return "no-stream";
   return "other";
 }

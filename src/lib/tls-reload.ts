@@ -46,7 +46,7 @@ function check(m: TlsMaterial, now = Date.now()): void {
   });
 }
 
-export function loadTlsFiles(files: TlsFiles): TlsMaterial {
+function loadTlsFiles(files: TlsFiles): TlsMaterial {
   const m: TlsMaterial = {};
   if (files.certFile) m.cert = readFileSync(files.certFile, "utf8");
   if (files.keyFile) m.key = readFileSync(files.keyFile, "utf8");

@@ -1,14 +1,18 @@
-// The demo the stack sets up on first start: three functions on the example inference server, so
-// that each kind of answer can be tried with curl at once: demo-echo (its /echo route, two
-// instances: a 200 with the body back), demo-stream (/sse: server-sent events, one by one) and
-// demo-slow (/slow: answers after ?seconds=N, writing progress, so a short NVCF-POLL-SECONDS gets a
-// 202 and the answer comes from polling), and an API key to invoke them. Their ids live in
+// The demo the stack sets up on first start: four functions on the example inference servers, so
+// that each kind of answer can be tried at once: demo-echo (its /echo route, two instances: a 200
+// with the body back), demo-stream (/sse: server-sent events, one by one), demo-slow (/slow:
+// answers after ?seconds=N, writing progress, so a short NVCF-POLL-SECONDS gets a 202 and the
+// answer comes from polling) and demo-grpc (the example gRPC server, called through grpc-proxy),
+// and an API key to invoke them. Their ids live in
 // <data>/demo.json so that a second start reuses them instead of creating more functions.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
+import { create as createMessage, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { EchoMessageSchema } from "../gen/callplane/examples/echo_pb.js";
 import { createAdminTokenSigner, writeFileAtomic } from "../lib/auth.js";
+import { rawUnary } from "../lib/grpc-def.js";
 
 export interface Demo {
   httpFunctionId: string;
@@ -20,12 +24,15 @@ export interface Demo {
   slowFunctionId: string;
   slowFunctionVersionId: string;
   slowFunctionName: string;
+  grpcFunctionId: string;
+  grpcFunctionVersionId: string;
+  grpcFunctionName: string;
   apiKey: string;
   /** The demo key's id (recorded since the stack checks the key on reuse). */
   apiKeyId?: string;
 }
 
-type Kind = "http" | "sse" | "slow";
+type Kind = "http" | "sse" | "slow" | "grpc";
 
 const FUNCTIONS: ReadonlyArray<{
   kind: Kind;
@@ -33,6 +40,8 @@ const FUNCTIONS: ReadonlyArray<{
   inferenceUrl: string;
   instances: number;
   description: string;
+  containerImage?: string;
+  health?: Record<string, unknown>;
 }> = [
   {
     kind: "http",
@@ -54,6 +63,16 @@ const FUNCTIONS: ReadonlyArray<{
     inferenceUrl: "/slow",
     instances: 1,
     description: "callplane demo: answers after ?seconds=3, reporting progress meanwhile",
+  },
+  {
+    kind: "grpc",
+    name: "demo-grpc",
+    inferenceUrl: "/grpc",
+    instances: 1,
+    description:
+      "callplane demo: gRPC callplane.examples.Echo (Unary, ServerStream, ClientStream, Bidi) through grpc-proxy",
+    containerImage: "local/grpc-echo",
+    health: { protocol: "gRPC", uri: "/", timeout: "PT10S", expectedStatusCode: 200 },
   },
 ];
 
@@ -167,8 +186,8 @@ async function create(apiUrl: string, token: string, f: (typeof FUNCTIONS)[numbe
     name,
     inferenceUrl: f.inferenceUrl,
     inferencePort: 8000,
-    containerImage: "local/echo",
-    health: { protocol: "HTTP", uri: "/health", timeout: "PT10S", expectedStatusCode: 200 },
+    containerImage: f.containerImage ?? "local/echo",
+    health: f.health ?? { protocol: "HTTP", uri: "/health", timeout: "PT10S", expectedStatusCode: 200 },
     description: f.description,
   });
   let name = f.name;
@@ -272,5 +291,26 @@ export async function invokeDemo(
     status: res.statusCode,
     body: await res.body.text(),
     requestId: String(res.headers["nvcf-reqid"] ?? ""),
+  };
+}
+
+/** Calls demo-grpc's callplane.examples.Echo/Unary through grpc-proxy; resolves with the payload back. */
+export async function invokeDemoGrpc(
+  grpcUrl: string,
+  demo: Demo,
+  payload: string,
+): Promise<{ payload: string; requestId: string }> {
+  const r = await rawUnary(
+    new URL(grpcUrl).host,
+    "/callplane.examples.Echo/Unary",
+    toBinary(EchoMessageSchema, createMessage(EchoMessageSchema, { payload: Buffer.from(payload) })),
+    { authorization: `Bearer ${demo.apiKey}`, "function-id": demo.grpcFunctionId },
+    60_000,
+  ).catch((err: Error & { details?: string }) => {
+    throw new Error(`the demo gRPC call failed: ${err.details ?? err.message}`);
+  });
+  return {
+    payload: Buffer.from(fromBinary(EchoMessageSchema, r.response).payload).toString(),
+    requestId: String(r.headers.get("nvcf-reqid")[0] ?? ""),
   };
 }

@@ -1,9 +1,9 @@
 // `npm start`: runs a whole callplane stack on this machine and keeps it serving until Ctrl-C.
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { ConfigError, loadConfig } from "../lib/config.js";
+import { ConfigError, loadConfig, localPodNetworkProblems } from "../lib/config.js";
 import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net.js";
-import { ensureDemo, invokeDemo, waitActive } from "./demo.js";
+import { ensureDemo, invokeDemo, invokeDemoGrpc, waitActive } from "./demo.js";
 import { LocalStack, StackError, type StackInfo } from "./stack.js";
 
 function say(line: string): void {
@@ -67,7 +67,20 @@ async function main(): Promise<void> {
   replicaIps.forEach((ip, i) =>
     addresses.push([`invocation-${i + 1}`, { host: ip, port: config.invocation.port }]),
   );
+  const grpc = config.grpcproxy;
+  const grpcNetwork = parseCidr(grpc.podNetwork);
+  const grpcIps = Array.from({ length: grpc.replicaCount }, (_, i) => cidrHost(grpcNetwork, i + 1));
   const proxy = config.workerCallbackProxy;
+  for (const [i, ip] of grpcIps.entries()) {
+    addresses.push(
+      [`grpc-proxy-${i + 1}`, { host: ip, port: grpc.port }],
+      [`grpc-proxy-${i + 1} CONNECT`, { host: ip, port: grpc.connectPort }],
+    );
+    if (proxy.enabled)
+      addresses.push([`grpc-proxy-${i + 1} worker TLS`, { host: ip, port: grpc.workerTlsPort }]);
+  }
+  const podProblems = localPodNetworkProblems(config);
+  if (podProblems.length) throw new StackError(podProblems.join("\n"));
   if (proxy.enabled) {
     addresses.push(
       ["callback-proxy", parseHostPort(proxy.listen)],
@@ -86,7 +99,7 @@ async function main(): Promise<void> {
   await stack.preflight(addresses);
   say(`starting a local stack in ${stack.dataDir}`);
   stack.prepareSecrets();
-  await stack.preparePki(replicaIps);
+  await stack.preparePki(replicaIps, grpcIps);
 
   const nats = config.nats.server.enabled ? await stack.startNats() : config.nats.url;
   say(
@@ -110,6 +123,12 @@ async function main(): Promise<void> {
     const urls = await stack.startService(`invocation-${i + 1}`, "invocation", { POD_IP: ip });
     invocation.push(urls.invocation);
     say(`invocation-${i + 1}  ${urls.invocation}   (workers call back at ${urls.target})`);
+  }
+  const grpcUrls: string[] = [];
+  for (const [i, ip] of grpcIps.entries()) {
+    const urls = await stack.startService(`grpc-proxy-${i + 1}`, "grpc-proxy", { POD_IP: ip });
+    grpcUrls.push(urls.grpc);
+    say(`grpc-proxy-${i + 1}  ${urls.grpc}   (workers open tunnels at ${urls.connectUri})`);
   }
   let proxyUrl: string | undefined;
   if (proxy.enabled) {
@@ -139,6 +158,13 @@ async function main(): Promise<void> {
     `demo: invoked ${demo.httpFunctionName} through ${invocation[0]} -> ${answer.status} ${answer.body}  (NVCF-REQID ${answer.requestId})`,
   );
 
+  if (grpcUrls.length) {
+    const g = await invokeDemoGrpc(grpcUrls[0], demo, "hello over gRPC");
+    say(
+      `demo: called ${demo.grpcFunctionName} (callplane.examples.Echo/Unary) through ${grpcUrls[0]} -> ${JSON.stringify(g.payload)}  (nvcf-reqid ${g.requestId})`,
+    );
+  }
+
   const info: StackInfo = {
     api,
     ...(issuer ? { issuer } : {}),
@@ -149,7 +175,7 @@ async function main(): Promise<void> {
     nats,
     compute,
     invocation,
-    grpc: [],
+    grpc: grpcUrls,
     ca: config.nats.tls.caFile,
     workerAuth: config.nats.workerAuth,
     ...(proxyUrl ? { proxy: proxyUrl, workerDomain: proxy.workerDomain } : {}),
@@ -168,6 +194,9 @@ async function main(): Promise<void> {
       slowFunctionId: demo.slowFunctionId,
       slowFunctionVersionId: demo.slowFunctionVersionId,
       slowFunctionName: demo.slowFunctionName,
+      grpcFunctionId: demo.grpcFunctionId,
+      grpcFunctionVersionId: demo.grpcFunctionVersionId,
+      grpcFunctionName: demo.grpcFunctionName,
     },
   };
   stack.writeStackFile(info);
@@ -192,6 +221,12 @@ async function main(): Promise<void> {
   );
   console.log("  or with the CLI (it reads .callplane/stack.json):");
   console.log(`    bin/callplane invoke ${demo.httpFunctionName} --data '{"hello":"world"}'`);
+  if (grpcUrls.length) {
+    console.log(
+      "  gRPC: callplane.examples.Echo on demo-grpc through grpc-proxy (any gRPC client; see README):",
+    );
+    console.log(`    bin/callplane invoke ${demo.grpcFunctionName} --grpc --data 'hello'`);
+  }
   console.log(
     config.adminIssuerProxy.enabled
       ? "  manage functions:  bin/callplane init && bin/callplane function list"

@@ -193,7 +193,7 @@ export class LocalStack {
   }
 
   /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */
-  async preparePki(replicaIps: string[]): Promise<void> {
+  async preparePki(replicaIps: string[], grpcReplicaIps: string[] = []): Promise<void> {
     const { config } = this.opts;
     const p = config.workerCallbackProxy;
     const ca = await ensureCa({
@@ -214,6 +214,7 @@ export class LocalStack {
       replicaIps,
       natsNames: config.nats.server.enabled ? natsCertNames(config.nats.url, config.nats.server.listen) : [],
       natsCertFile: config.nats.tls.certFile,
+      grpcReplicaIps,
     });
     for (const c of certs) {
       if ((await ensureServerCert(c.folder, ca, c.dnsNames)) === "issued")

@@ -97,7 +97,13 @@ export interface DeployedFunction {
 export async function deployFunction(
   api: ApiFixture,
   name: string,
-  opts: { inferenceUrl?: string; functionType?: string; concurrency?: number } = {},
+  opts: {
+    inferenceUrl?: string;
+    functionType?: string;
+    concurrency?: number;
+    containerImage?: string;
+    health?: Record<string, unknown>;
+  } = {},
 ): Promise<DeployedFunction> {
   const admin = await api.adminToken();
   const created = await call<{ function: { id: string; versionId: string } }>(
@@ -107,8 +113,8 @@ export async function deployFunction(
       body: {
         name,
         inferenceUrl: opts.inferenceUrl ?? "/echo",
-        containerImage: "local/echo",
-        health: { uri: "/health" },
+        containerImage: opts.containerImage ?? "local/echo",
+        health: opts.health ?? { uri: "/health" },
         ...(opts.functionType ? { functionType: opts.functionType } : {}),
       },
     },

@@ -19,6 +19,8 @@ export const scripts = {
   worker: join(distRoot, "src", "services", "worker", "main.js"),
   exampleServer: join(distRoot, "examples", "inference-server.js"),
   callbackProxy: join(distRoot, "src", "services", "callback-proxy", "main.js"),
+  grpcProxy: join(distRoot, "src", "services", "grpc-proxy", "main.js"),
+  grpcExampleServer: join(distRoot, "examples", "grpc-server.js"),
 } as const;
 
 /**
@@ -199,18 +201,23 @@ export async function startService(
 }
 
 /**
- * Starts the example inference server as a child on 127.0.0.1 and a port the kernel picks (or on
- * `listen`, under `prefix`).
+ * Starts the example inference server (or, with `grpc`, the example gRPC server) as a child on
+ * 127.0.0.1 and a port the kernel picks (or on `listen`, under `prefix`).
  */
 export async function startExampleProcess(
   t: Ctx,
-  opts: { listen?: { host: string; port: number }; prefix?: string[] } = {},
+  opts: { listen?: { host: string; port: number }; prefix?: string[]; grpc?: boolean } = {},
 ): Promise<{ process: ChildHandle; port: number; url: string }> {
   const listen = opts.listen ?? { host: "127.0.0.1", port: 0 };
+  const listening = opts.grpc ? "example gRPC server listening" : "example inference server listening";
   const { handle, onLine } = spawnChild(
     t,
     "inference-server",
-    [scripts.exampleServer, "--listen", `${listen.host}:${listen.port}`],
+    [
+      opts.grpc ? scripts.grpcExampleServer : scripts.exampleServer,
+      "--listen",
+      `${listen.host}:${listen.port}`,
+    ],
     {},
     false,
     { prefix: opts.prefix },
@@ -223,7 +230,7 @@ export async function startExampleProcess(
     onLine((line) => {
       try {
         const m = JSON.parse(line) as { msg?: string; port?: number };
-        if (m.msg === "example inference server listening" && m.port) {
+        if (m.msg === listening && m.port) {
           clearTimeout(timer);
           resolve(m.port);
         }

@@ -1,11 +1,16 @@
 // `callplane invoke`: call a function through the invocation service (contract §2) and stream the
 // answer to stdout. A 202 means the function is still working: poll
 // GET /v2/nvcf/pexec/status/{NVCF-REQID} until the answer is final, showing progress on stderr.
-import { createReadStream, statSync } from "node:fs";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { status } from "@grpc/grpc-js";
+import { createReadStream, readFileSync, statSync } from "node:fs";
+import { buffer } from "node:stream/consumers";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Command } from "commander";
+import { EchoMessageSchema } from "../../gen/callplane/examples/echo_pb.js";
+import { rawUnary } from "../../lib/grpc-def.js";
 import { Api, problemError, send, type Service } from "../client.js";
 import { CliError, usageError } from "../errors.js";
 import { UUID, pickVersion, resolveFunction } from "../functions.js";
@@ -22,7 +27,12 @@ interface InvokeOptions {
   sse?: boolean;
   apiKey?: string;
   invocationUrl?: string;
+  grpc?: boolean;
+  method: string;
+  grpcUrl?: string;
 }
+
+const ECHO_SERVICE = "/callplane.examples.Echo/";
 
 /** The request body: a string, or a stream from a file or stdin (never read whole into memory). */
 function requestBody(o: InvokeOptions): string | ReadableStream<Uint8Array> | undefined {
@@ -129,6 +139,16 @@ export function registerInvoke(program: Command): void {
       "--api-key <key>",
       "API key to present (default: CALLPLANE_API_KEY, `apiKey:` in the CLI config file, the stack's demo key)",
     )
+    .option("--grpc", "call over gRPC through grpc-proxy (one unary call) instead of HTTP")
+    .option(
+      "--method <path>",
+      "with --grpc: the method to call; for callplane.examples.Echo methods --data is the EchoMessage payload, for others the serialized request message",
+      "/callplane.examples.Echo/Unary",
+    )
+    .option(
+      "--grpc-url <url>",
+      "with --grpc: the grpc-proxy client listener (default: CALLPLANE_GRPC_URL, `grpcUrl:` in the CLI config file, grpc[0] in stack.json)",
+    )
     .option(
       "--invocation-url <url>",
       "invocation service URL (default: CALLPLANE_INVOCATION_URL, `invocationUrl:` in the CLI config file, invocation[0] in stack.json)",
@@ -140,12 +160,18 @@ The response body goes to stdout as it arrives; progress and errors go to stderr
 response is collected and printed as one JSON object {status, requestId, contentType, body}.
 Examples:
   callplane invoke echo --data '{"message":"hello"}'
-  callplane invoke echo --data @request.json --poll-seconds 30`,
+  callplane invoke echo --data @request.json --poll-seconds 30
+  callplane invoke demo-grpc --grpc --data 'hello'`,
     )
     .action(async (ref: string, opts: InvokeOptions, cmd: Command) => {
       const s = settingsFor(cmd);
-      const body = requestBody(opts);
-      const url = s.invocationUrl(opts.invocationUrl);
+      const body = opts.grpc ? undefined : requestBody(opts);
+      const url = opts.grpc ? s.grpcUrl(opts.grpcUrl) : s.invocationUrl(opts.invocationUrl);
+      if (!url && opts.grpc) {
+        throw new CliError("no grpc-proxy URL", "NO_GRPC_URL", {
+          hint: "pass --grpc-url, set CALLPLANE_GRPC_URL, put `grpcUrl:` in the CLI config file, or start the local stack (`npm start`), which lists its grpc-proxy replicas in stack.json",
+        });
+      }
       if (!url) {
         throw new CliError("no invocation service URL", "NO_INVOCATION_URL", {
           hint: "pass --invocation-url, set CALLPLANE_INVOCATION_URL, put `invocationUrl:` in the CLI config file, or start the local stack (`npm start`), which lists its replicas in stack.json",
@@ -174,7 +200,9 @@ Examples:
             ? demo.sseFunctionId
             : ref === demo.slowFunctionName
               ? demo.slowFunctionId
-              : undefined;
+              : ref === demo.grpcFunctionName
+                ? demo.grpcFunctionId
+                : undefined;
       if (UUID.test(ref)) functionId = ref.toLowerCase();
       else if (s.token()) {
         const fn = await resolveFunction(new Api(s), ref);
@@ -188,6 +216,8 @@ Examples:
           "give the function's id (`callplane function list` shows it), or get an admin token with `callplane init` (or CALLPLANE_TOKEN)",
         );
       }
+
+      if (opts.grpc) return invokeGrpc(opts, url, key, functionId, s.json);
 
       const service: Service = { label: "the invocation service", code: "INVOCATION", url };
       const auth: Record<string, string> = { authorization: `Bearer ${key.value}` };
@@ -267,4 +297,69 @@ Examples:
       }
       await writeBody(res, url, reqId);
     });
+}
+
+const GRPC_STATUS_NAMES = Object.fromEntries(Object.entries(status).map(([name, n]) => [n, name]));
+
+/** One unary gRPC call through grpc-proxy; the answer goes to stdout. */
+async function invokeGrpc(
+  opts: InvokeOptions,
+  url: Sourced,
+  key: Sourced,
+  functionId: string,
+  json: boolean,
+): Promise<void> {
+  if (!/^\/[^/]+\/[^/]+$/.test(opts.method))
+    throw usageError(
+      `--method "${opts.method}" is not a gRPC method path such as /callplane.examples.Echo/Unary`,
+    );
+  if (opts.data !== undefined && opts.dataFile !== undefined)
+    throw usageError("give the message with --data or --data-file, not both");
+  let raw: Buffer;
+  const file = opts.dataFile ?? (opts.data?.startsWith("@") ? opts.data.slice(1) : undefined);
+  try {
+    raw =
+      file === "-" ? await buffer(process.stdin) : file ? readFileSync(file) : Buffer.from(opts.data ?? "");
+  } catch (err) {
+    throw usageError(`cannot read the message file ${file}: ${(err as Error).message}`);
+  }
+  const echo = opts.method.startsWith(ECHO_SERVICE);
+  const request = echo ? toBinary(EchoMessageSchema, create(EchoMessageSchema, { payload: raw })) : raw;
+  const target = new URL(url.value).host;
+  const metadata: Record<string, string> = {
+    authorization: `Bearer ${key.value}`,
+    "function-id": functionId,
+  };
+  if (opts.version) metadata["function-version-id"] = opts.version.toLowerCase();
+  let r;
+  try {
+    r = await rawUnary(target, opts.method, request, metadata, 120_000);
+  } catch (err) {
+    const e = err as Error & { code?: number; details?: string; metadata?: { get(k: string): unknown[] } };
+    const name = GRPC_STATUS_NAMES[e.code ?? -1] ?? "UNKNOWN";
+    const reqId = e.metadata?.get("nvcf-reqid")[0];
+    throw new CliError(
+      `grpc-proxy at ${url.value} answered ${name}: ${e.details ?? e.message}`,
+      `GRPC_${name}`,
+      {
+        hint: [
+          name === "UNAVAILABLE" ? `is grpc-proxy running at ${url.value} (${url.from})?` : "",
+          name === "UNAUTHENTICATED" ? `the API key from ${key.from} was refused` : "",
+          typeof reqId === "string" ? `request id ${reqId}` : "",
+        ]
+          .filter(Boolean)
+          .join("; "),
+      },
+    );
+  }
+  const reqId = String(r.headers.get("nvcf-reqid")[0] ?? "");
+  const answer = echo ? Buffer.from(fromBinary(EchoMessageSchema, r.response).payload) : r.response;
+  if (json)
+    return printJson({
+      grpcStatus: "OK",
+      requestId: reqId,
+      response: echo ? answer.toString("utf8") : answer.toString("base64"),
+    });
+  process.stdout.write(answer);
+  if (process.stdout.isTTY && answer.at(-1) !== 0x0a) process.stdout.write("\n");
 }

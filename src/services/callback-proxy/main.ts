@@ -29,6 +29,8 @@ runService("callback-proxy", async (config, logger) => {
   const proxy = createCallbackProxy({
     listen: parseHostPort(p.listen),
     serviceDomain: config.global.serviceDomain,
+    workerDomain: p.workerDomain,
+    grpcPodPort: config.grpcproxy.replicaCount > 0 ? config.grpcproxy.workerTlsPort : undefined,
     podNetworks: [...p.podNetworks],
     upstreamTls: p.invocation.upstreamTls.enabled,
     podPort: p.invocation.upstreamTls.enabled ? p.invocation.workerTlsPort : config.invocation.port,

@@ -4,10 +4,16 @@
 // (verifying the pod certificate against the stack CA and the pod name), and streams both ways
 // with backpressure. Everything else is refused before any connection upstream is opened, and
 // every callback is one JSON access-log line.
-import { createServer as createHttpsServer, type Server } from "node:https";
-import type { IncomingMessage, ServerResponse } from "node:http";
+import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { connect as netConnect, type Socket } from "node:net";
-import { checkServerIdentity, createSecureContext, type PeerCertificate } from "node:tls";
+import {
+  checkServerIdentity,
+  connect as tlsConnect,
+  createSecureContext,
+  type PeerCertificate,
+  type SecureContext,
+  type TLSSocket,
+} from "node:tls";
 import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { forward, forwardHeaders } from "../../lib/forward.js";
@@ -15,20 +21,22 @@ import { countHeader } from "../../lib/headers.js";
 import { answerClientError, rawProblem, writeProblem } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, createRegistry, type Registry } from "../../lib/metrics.js";
-import {
-  SOCKET_BUFFER_BYTES,
-  formatHostPort,
-  parseCidr,
-  undashIp,
-  widenSocketBuffers,
-  type HostPort,
-} from "../../lib/net.js";
+import { SOCKET_BUFFER_BYTES, cidrContains, parseCidr, undashIp, type HostPort } from "../../lib/net.js";
+import { createTlsFrontend } from "../../lib/tls-frontend.js";
+import { podNameLookup } from "../../lib/pod-lookup.js";
 import type { TlsMaterial } from "../../lib/tls-reload.js";
 import { checkAuthority, checkTarget, type PodTarget, type TargetRules } from "./target.js";
 
 export interface CallbackProxyOptions {
   listen: HostPort;
   serviceDomain: string;
+  /** The domain workers reach the proxy under: `<dashed-ip>.<workerDomain>` names a gRPC tunnel. */
+  workerDomain?: string;
+  /**
+   * gRPC tunnels: the port of each grpc-proxy pod's worker TLS listener. Unset, a connection for
+   * `<dashed-ip>.<workerDomain>` is refused.
+   */
+  grpcPodPort?: number | undefined;
   podNetworks: string[];
   /** true: TLS to the pod's worker listener (verified); false: plain HTTP to its plain port. */
   upstreamTls: boolean;
@@ -64,7 +72,9 @@ type Outcome =
   | "upstream_error"
   | "upstream_timeout"
   | "client_gone"
-  | "tunnel";
+  | "tunnel"
+  | "grpc_tunnel"
+  | "refused_grpc";
 
 /** Node's own check of the name against the subject alternative names, plus serverAuth usage. */
 function checkPodIdentity(host: string, cert: PeerCertificate): Error | undefined {
@@ -103,6 +113,8 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     registers: [registry],
   });
   let podCa = opts.podCa;
+  // one context per CA bundle, not one parsed per connection
+  let podContext: SecureContext = createSecureContext({ ca: podCa });
 
   const makeAgent = () =>
     new Agent({
@@ -112,27 +124,10 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
         timeout: opts.timeouts.connectMs,
         // large bodies stream through each connection: 256 KiB buffers (undici's TLS default: 16)
         ...({ highWaterMark: SOCKET_BUFFER_BYTES } as object),
-        // one context per CA bundle, not one parsed per connection
-        secureContext: createSecureContext({ ca: podCa }),
+        secureContext: podContext,
         rejectUnauthorized: true,
         // the pod's address comes from its name, never from DNS
-        lookup: (
-          hostname: string,
-          options: { all?: boolean },
-          cb: (
-            err: Error | null,
-            address: string | Array<{ address: string; family: number }>,
-            family?: number,
-          ) => void,
-        ) => {
-          const ip = undashIp(hostname.split(".")[0] ?? "");
-          if (!ip) {
-            cb(new Error(`${hostname} is not a pod address`), "");
-            return;
-          }
-          if (options.all) cb(null, [{ address: ip, family: 4 }]);
-          else cb(null, ip, 4);
-        },
+        lookup: podNameLookup(),
         checkServerIdentity: checkPodIdentity,
       },
     });
@@ -449,12 +444,8 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     callbacks.inc({ outcome: "tunnel" });
   }
 
-  const server: Server = createHttpsServer(
+  const server = createHttpServer(
     {
-      cert: opts.frontend.cert,
-      key: opts.frontend.key,
-      ALPNProtocols: ["http/1.1"],
-      minVersion: "TLSv1.2",
       maxHeaderSize: opts.maxHeaderBytes,
       keepAliveTimeout: 65_000,
       headersTimeout: opts.timeouts.headersMs,
@@ -471,6 +462,9 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   // little longer than that timeout, so that a stalled pod is answered 504 before the worker's
   // connection is cut.
   server.timeout = opts.timeouts.idleMs + 5000;
+  // The HTTP server never listens itself (the TLS front door hands it connections), and Node starts
+  // its check for heads that arrive too slowly (headersTimeout) on 'listening' only.
+  server.emit("listening");
   server.on("connect", handleConnect);
   server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) =>
     refuse(
@@ -501,60 +495,209 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       "callback",
     );
   });
-  const sockets = new Set<Socket>();
-  // large bodies stream both ways through the worker's session: 256 KiB buffers, not 16 KiB
-  server.prependListener("secureConnection", widenSocketBuffers);
-  server.on("secureConnection", (s: Socket) => {
-    sockets.add(s);
-    s.once("close", () => sockets.delete(s));
+  // ------------------------------------------------------------------ gRPC tunnels
+
+  /** The grpc-proxy pod a server name `<dashed-ip>.<workerDomain>` names, or undefined for other names. */
+  function grpcPod(servername: string | false | null | undefined): string | undefined {
+    if (!opts.workerDomain || !servername) return undefined;
+    const name = servername.toLowerCase();
+    const suffix = `.${opts.workerDomain}`;
+    if (!name.endsWith(suffix)) return undefined;
+    const label = name.slice(0, -suffix.length);
+    return label.includes(".") ? undefined : label;
+  }
+
+  function tunnelLog(socket: TLSSocket, fields: Record<string, unknown>): void {
+    logger.info(
+      { worker: `${socket.remoteAddress ?? "?"}:${socket.remotePort ?? "?"}`, method: "TLS", ...fields },
+      "callback",
+    );
+  }
+
+  /**
+   * A gRPC tunnel, routed by the server name alone: the name's form and the pod network are checked,
+   * then the proxy opens its own TLS session to that grpc-proxy pod's worker listener (the pod
+   * certificate must be `<dashed-ip>.grpc-headless.<service domain>` from the stack CA) and pipes
+   * bytes both ways. Inside, the worker sends the same CONNECT it sends in-cluster; the proxy never
+   * reads it. A refusal is an HTTP/1 answer, since the worker's next step is a CONNECT request.
+   */
+  function routeGrpc(socket: TLSSocket, label: string, started: number): void {
+    const servername = String(socket.servername);
+    const refuse = (e: CallplaneError, outcome: Outcome) => {
+      callbacks.inc({ outcome });
+      socket.on("error", () => undefined);
+      socket.end(rawProblem(e));
+      socket.resume();
+      tunnelLog(socket, {
+        target: servername,
+        status: e.status,
+        outcome,
+        reason: e.message,
+        bytesIn: 0,
+        bytesOut: 0,
+        durationMs: Math.round(performance.now() - started),
+      });
+    };
+    const ip = undashIp(label);
+    if (!ip) {
+      refuse(
+        new CallplaneError(
+          "PROXY_TARGET_INVALID",
+          `the server name ${JSON.stringify(servername.slice(0, 100))} is neither invocation.${opts.workerDomain} nor a grpc-proxy pod of the form <dashed-ipv4>.${opts.workerDomain}`,
+        ),
+        "refused_target",
+      );
+      return;
+    }
+    if (!rules.podNetworks.some((n) => cidrContains(n, ip))) {
+      refuse(
+        new CallplaneError(
+          "PROXY_TARGET_FORBIDDEN",
+          `the pod address ${ip} is outside the pod networks (${rules.podNetworks.map((n) => n.text).join(", ")})`,
+        ),
+        "refused_forbidden",
+      );
+      return;
+    }
+    if (opts.grpcPodPort === undefined) {
+      refuse(
+        new CallplaneError(
+          "CONNECT_DISABLED",
+          "gRPC tunnels are not routed by this proxy (no grpc-proxy pods are configured)",
+        ),
+        "refused_grpc",
+      );
+      return;
+    }
+    const podName = `${label}.grpc-headless.${opts.serviceDomain}`;
+    let up = 0;
+    let down = 0;
+    let connected = false;
+    socket.pause();
+    const pod = tlsConnect({
+      host: ip,
+      port: opts.grpcPodPort,
+      servername: podName,
+      secureContext: podContext,
+      rejectUnauthorized: true,
+      checkServerIdentity: checkPodIdentity,
+      ALPNProtocols: ["http/1.1"],
+      timeout: opts.timeouts.connectMs,
+      ...({ highWaterMark: SOCKET_BUFFER_BYTES } as object),
+    });
+    const end = (reason?: string) => {
+      pod.destroy();
+      socket.destroy();
+      tunnelLog(socket, {
+        target: podName,
+        status: connected ? 200 : 502,
+        outcome: connected ? "grpc_tunnel" : "upstream_error",
+        ...(reason ? { reason } : {}),
+        bytesIn: up,
+        bytesOut: down,
+        durationMs: Math.round(performance.now() - started),
+      });
+    };
+    pod.once("secureConnect", () => {
+      connected = true;
+      callbacks.inc({ outcome: "grpc_tunnel" });
+      pod.setTimeout(0);
+      pod.setNoDelay(true);
+      socket.setNoDelay(true);
+      pod.on("data", (d: Buffer) => (down += d.length));
+      socket.on("data", (d: Buffer) => (up += d.length));
+      pod.pipe(socket);
+      socket.pipe(pod);
+      socket.resume();
+    });
+    pod.once("timeout", () => {
+      if (!connected) {
+        callbacks.inc({ outcome: "upstream_timeout" });
+        socket.end(
+          rawProblem(
+            new CallplaneError(
+              "UPSTREAM_TIMEOUT",
+              `connecting to ${podName} (${ip}:${opts.grpcPodPort}) timed out; the worker should give up on this session`,
+            ),
+          ),
+        );
+        end("connect timeout");
+      }
+    });
+    pod.once("error", (err: NodeJS.ErrnoException) => {
+      if (!connected) {
+        callbacks.inc({ outcome: "upstream_error" });
+        const why =
+          err.code === "ECONNREFUSED"
+            ? `nothing listens at ${ip}:${opts.grpcPodPort} (the grpc-proxy pod ${podName} is gone or not ready)`
+            : `the TLS session to ${podName} failed: ${err.message}`;
+        socket.end(
+          rawProblem(
+            new CallplaneError("UPSTREAM_UNAVAILABLE", `${why}; the worker should give up on this session`),
+          ),
+        );
+        const reason = why;
+        socket.once("finish", () => end(reason));
+        return;
+      }
+      end(err.message);
+    });
+    socket.on("error", () => end());
+    pod.once("close", () => socket.end());
+    socket.once("close", () => pod.destroy());
+  }
+
+  // ------------------------------------------------------------------ the front door
+
+  // The server name decides, before any HTTP is parsed: a grpc-proxy pod name is a gRPC tunnel,
+  // anything else (invocation.<workerDomain>, or no name) an HTTP callback.
+  const frontend = createTlsFrontend({
+    tls: { cert: opts.frontend.cert, key: opts.frontend.key, ALPNProtocols: ["http/1.1"] },
+    route(socket) {
+      const label = grpcPod(socket.servername);
+      if (label !== undefined && label !== "invocation") routeGrpc(socket, label, performance.now());
+      else server.emit("connection", socket);
+    },
   });
 
   return {
-    server,
+    server: frontend.server,
     registry,
-    listen(): Promise<URL> {
-      return new Promise((resolve, reject) => {
-        server.once("error", reject);
-        server.listen(opts.listen.port, opts.listen.host, () => {
-          server.off("error", reject);
-          const a = server.address();
-          const port = typeof a === "object" && a ? a.port : opts.listen.port;
-          const url = new URL(`https://${formatHostPort({ host: opts.listen.host, port })}`);
-          logger.info(
-            {
-              url: url.origin,
-              podNetworks: opts.podNetworks,
-              upstreamTls: opts.upstreamTls,
-              connect: opts.connectEnabled,
-            },
-            "callback proxy listening",
-          );
-          resolve(url);
-        });
-      });
+    async listen(): Promise<URL> {
+      const url = await frontend.listen(opts.listen.host, opts.listen.port);
+      logger.info(
+        {
+          url: url.origin,
+          podNetworks: opts.podNetworks,
+          upstreamTls: opts.upstreamTls,
+          connect: opts.connectEnabled,
+          grpcPodPort: opts.grpcPodPort,
+        },
+        "callback proxy listening",
+      );
+      return url;
     },
     /** New frontend certificate: new TLS sessions use it, live ones keep theirs. */
     setFrontend(m: TlsMaterial): void {
-      server.setSecureContext({ cert: m.cert, key: m.key, minVersion: "TLSv1.2" });
+      frontend.setCertificate(m.cert!, m.key!);
     },
     /** New CA bundle for pod certificates. */
     setPodCa(ca: string): void {
       podCa = ca;
+      podContext = createSecureContext({ ca: podCa });
       const old = agent;
       agent = makeAgent();
       void old.close();
     },
     async close(graceMs = 10_000): Promise<void> {
-      server.close();
       server.closeIdleConnections();
-      const deadline = Date.now() + graceMs;
-      while (sockets.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
-      for (const s of sockets) s.destroy();
+      await frontend.close(graceMs);
+      server.close();
       await agent.close();
     },
     destroy(): void {
+      frontend.destroy();
       server.close();
-      for (const s of sockets) s.destroy();
       void agent.destroy();
     },
   };

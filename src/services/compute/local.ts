@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { request } from "undici";
 import type { Logger } from "../../lib/log.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
-import type { InstanceStatus } from "../api/store/types.js";
+import type { InstanceStatus } from "../../lib/instance-status.js";
 import { InstanceSecrets, type InstanceSecretsConfig } from "./secrets.js";
 import { InstanceIdentity, type IdentityProvider } from "./identity.js";
 
@@ -22,6 +22,8 @@ export const EXAMPLE_IMAGES = [
   "local/large",
   "local/example",
 ] as const;
+/** The example gRPC server (examples/grpc-server.ts): callplane.examples.Echo and grpc.health.v1. */
+export const GRPC_EXAMPLE_IMAGE = "local/grpc-echo";
 
 export interface DesiredDeployment {
   deploymentId: string;
@@ -96,6 +98,13 @@ export function inferenceCommand(
       env,
     };
   }
+  if (image === GRPC_EXAMPLE_IMAGE) {
+    return {
+      command: process.execPath,
+      args: [join(distRoot, "examples", "grpc-server.js"), "--listen", `${host}:${d.spec.inferencePort}`],
+      env,
+    };
+  }
   if (image === "local/command") {
     if (!d.spec.containerArgs?.trim())
       return { error: "containerImage local/command needs the command to run in containerArgs" };
@@ -103,7 +112,7 @@ export function inferenceCommand(
     return { command: "/bin/sh", args: ["-c", `exec ${d.spec.containerArgs}`], env };
   }
   return {
-    error: `containerImage "${image}" cannot run on the local compute backend; use ${EXAMPLE_IMAGES.join(", ")}, or local/command with the command in containerArgs`,
+    error: `containerImage "${image}" cannot run on the local compute backend; use ${EXAMPLE_IMAGES.join(", ")}, ${GRPC_EXAMPLE_IMAGE}, or local/command with the command in containerArgs`,
   };
 }
 

@@ -19,8 +19,10 @@ function workerProxyEnv(config: Config): Record<string, string> {
   const p = config.workerCallbackProxy;
   if (!p.enabled) return {};
   const host = new URL(config.global.workerEndpoints.invocationProxyURL).hostname;
+  const proxyIp = parseHostPort(p.listen).host;
+  // invocation.<workerDomain> for HTTP callbacks, every <dashed-ip>.<workerDomain> for gRPC tunnels
   const env: Record<string, string> = {
-    CALLPLANE_WORKER_HOST_MAP: `${host}=${parseHostPort(p.listen).host}`,
+    CALLPLANE_WORKER_HOST_MAP: `${host}=${proxyIp},*.${p.workerDomain}=${proxyIp}`,
   };
   if (p.tls.frontend.certFile === join(config.pki.dir, "proxy", TLS_FILES.cert))
     env.NVCF_PROXY_CA_PEM = readFileSync(config.pki.caCertFile, "utf8");

@@ -7,7 +7,6 @@
 // so later a callback that lands elsewhere can be relayed here.
 import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
 import { Kvm, type KV } from "@nats-io/kv";
 import { RequestError, type NatsConnection } from "@nats-io/transport-node";
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
@@ -15,10 +14,9 @@ import type { Server as HttpsServer } from "node:https";
 import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
 import { CallplaneError } from "../../lib/errors.js";
 import { H1_CONTENT_TYPE, FramingError } from "../../lib/h1.js";
-import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
+import { endToEndPairs, foldPairs, rawPairs } from "../../lib/headers.js";
 import { Router, bearerToken, createHttpService, sendProblem, type RequestContext } from "../../lib/http.js";
-import { holderHex, isUuid, newHolderId, newRequestId, newToken } from "../../lib/ids.js";
-import { ReplicaRegistry } from "../../lib/registry.js";
+import { holderHex, isUuid, newHolderId, newRequestId } from "../../lib/ids.js";
 import { TlsReloader } from "../../lib/tls-reload.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import {
@@ -30,18 +28,20 @@ import {
   type Registry,
 } from "../../lib/metrics.js";
 import { dashIp, type HostPort } from "../../lib/net.js";
-import {
-  WorkQueues,
-  classifyPublishError,
-  connectNats,
-  subjects,
-  type QueueLimits,
-} from "../../lib/queue.js";
+import { connectNats, subjects, type QueueLimits } from "../../lib/queue.js";
 import { PumpLimitError, pump, readFramedHead, readPrefix } from "../../lib/stream.js";
-import { AuthCache, type Grant, type GrantVersion } from "./auth-cache.js";
-import { RELAYED_HEADER, Relay } from "./relay.js";
+import {
+  createAuthCache,
+  type AuthCacheSettings,
+  type Grant,
+  type GrantVersion,
+} from "../../plane/auth-cache.js";
+import { PendingTable } from "../../plane/pending.js";
+import { ReplicaRegistry } from "../../plane/registry.js";
+import { RELAYED_HEADER, Relay } from "../../plane/relay.js";
+import { TokenTable, tokenHolder } from "../../plane/tokens.js";
+import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
 import { isIPv4 } from "node:net";
-import { request } from "undici";
 import { pollBucket, type NatsAccess } from "../../lib/nats-auth.js";
 
 export interface InvocationServiceOptions {
@@ -62,7 +62,7 @@ export interface InvocationServiceOptions {
     graceSeconds: number;
   };
   statusRequestTimeoutMs?: number;
-  authCache?: { ttlSeconds: number; negativeTtlSeconds: number; maxEntries: number };
+  authCache?: AuthCacheSettings;
   queue: QueueLimits;
   logger?: Logger;
   registry?: Registry;
@@ -95,7 +95,6 @@ interface Pending {
   bodyStreaming?: boolean;
   responseToken: string;
   state: PendingState;
-  timer: NodeJS.Timeout | undefined;
   /** True for a status poll (GET /v2/nvcf/pexec/status/{id}): its message is not in the queue. */
   poll: boolean;
   started: number;
@@ -117,6 +116,9 @@ const DROP_TO_WORKER = new Set([
   "nvcf-invocation-region",
   "expect",
 ]);
+
+/** The replica sets these on the client's answer itself; the worker's copies are dropped. */
+const OWN_RESPONSE_HEADERS = new Set(["nvcf-reqid", "nvcf-status"]);
 
 function nvcfStatus(status: number): string {
   if (status === 202) return "in-progress";
@@ -146,16 +148,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     graceSeconds: 2,
   };
   const statusTimeoutMs = opts.statusRequestTimeoutMs ?? 5000;
-  const cacheOpts = opts.authCache ?? { ttlSeconds: 10, negativeTtlSeconds: 5, maxEntries: 10_000 };
-  const auth = new AuthCache({
-    apiUrl: opts.apiUrl,
-    serviceToken: opts.serviceToken,
-    ttlMs: cacheOpts.ttlSeconds * 1000,
-    negativeTtlMs: cacheOpts.negativeTtlSeconds * 1000,
-    maxEntries: cacheOpts.maxEntries,
-    logger,
-    registry,
-  });
+  const auth = createAuthCache(opts, logger, registry);
 
   const invocations = new Counter({
     name: "callplane_invocations_total",
@@ -182,20 +175,18 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
   });
 
   let nc: NatsConnection | undefined;
-  let js: JetStreamClient | undefined;
-  let queues: WorkQueues | undefined;
+  let publisher: WorkPublisher | undefined;
   let pollKv: Promise<KV> | undefined;
   let targetUri = "";
-  const tokens = new Map<string, { kind: "request" | "response"; pending: Pending }>();
   // An attach token names the replica that holds it (the one that minted it: for a status poll,
   // the polling replica, not the request's first holder), so a callback that lands elsewhere can be
-  // relayed to it: <holder hex>.<192 random bits>.
-  const tokenPrefix = `${holderHex(holderId)}.`;
-  const attachToken = () => tokenPrefix + newToken();
+  // relayed to it.
+  const tokens = new TokenTable<{ kind: "request" | "response"; pending: Pending }>(holderId);
+  const attachToken = (pending: Pending, kind: "request" | "response") => tokens.mint({ kind, pending });
   let replicas: ReplicaRegistry | undefined;
   let relay: Relay | undefined;
   let tlsReloader: TlsReloader | undefined;
-  const pendings = new Set<Pending>();
+  const pendings = new PendingTable<Pending>(inFlight);
 
   function pollWindow(req: IncomingMessage): number {
     const raw = req.headers["nvcf-poll-seconds"];
@@ -224,14 +215,9 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
   }
 
   function forwardHeaders(req: IncomingMessage, pollSeconds: number): StringKV[] {
-    const raw = req.rawHeaders;
-    const listed = connectionListed(req.headers.connection);
-    const out: StringKV[] = [];
-    for (let i = 0; i < raw.length; i += 2) {
-      const lower = raw[i].toLowerCase();
-      if (HOP_BY_HOP.has(lower) || DROP_TO_WORKER.has(lower) || listed.has(lower)) continue;
-      out.push({ key: raw[i], value: raw[i + 1] } as StringKV);
-    }
+    const out = endToEndPairs(rawPairs(req.rawHeaders), { drop: DROP_TO_WORKER }).map(
+      ([key, value]) => ({ key, value }) as StringKV,
+    );
     out.push(
       { key: "NVCF-POLL-SECONDS", value: String(pollSeconds) } as StringKV,
       { key: "NVCF-INVOCATION-REGION", value: opts.region } as StringKV,
@@ -242,11 +228,9 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
   function release(p: Pending): void {
     if (p.state === "done") return;
     p.state = "done";
-    if (p.timer) clearTimeout(p.timer);
+    pendings.release(p);
     tokens.delete(p.responseToken);
-    if (p.requestToken) tokens.delete(p.requestToken);
-    pendings.delete(p);
-    inFlight.dec();
+    tokens.delete(p.requestToken);
   }
 
   /** Tells the worker to stop and removes the message if no worker took it yet. */
@@ -254,29 +238,10 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     // A status poll that ends (client left, window over) does not end the request: the client may
     // poll again, and the worker gives up on its own when polls stop coming.
     if (p.poll) return;
-    logger.debug({ requestId: p.requestId, why }, "cancelling request");
-    try {
-      nc?.publish(subjects.cancel(p.version.functionVersionId), p.requestId);
-    } catch (err) {
-      logger.warn({ requestId: p.requestId, err }, "could not publish the cancel");
-    }
-    if (!queues) return;
-    const fvid = p.version.functionVersionId;
-    queues
-      .manager()
-      .then((jsm) =>
-        jsm.streams.purge(subjects.stream(opts.region, fvid), {
-          filter: subjects.work(opts.region, fvid, p.requestId),
-        }),
-      )
-      .catch((err: unknown) => logger.debug({ requestId: p.requestId, err }, "purge after cancel failed"));
+    publisher?.cancel(p.version.functionVersionId, p.requestId, why);
   }
 
   function track(p: Pending, windowSeconds: number): void {
-    pendings.add(p);
-    inFlight.inc();
-    tokens.set(p.responseToken, { kind: "response", pending: p });
-    if (p.requestToken) tokens.set(p.requestToken, { kind: "request", pending: p });
     p.clientRes.once("close", () => {
       if (p.state === "done") return;
       const wasQueued = p.state === "queued";
@@ -286,33 +251,30 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       }
       release(p);
     });
-    p.timer = setTimeout(
-      () => {
-        if (p.state !== "queued") return;
-        invocations.inc({ outcome: "timeout" });
-        logger.info(
-          { requestId: p.requestId, functionId: p.functionId, windowSeconds },
-          "no worker answered within the window",
-        );
-        sendProblem(
-          p.clientRes,
-          new CallplaneError(
-            "INVOCATION_TIMEOUT",
-            p.poll
-              ? `the worker did not answer the status request within ${windowSeconds} s; poll again`
-              : p.bodyStreaming
-                ? `a worker took request ${p.requestId}, but the request body did not finish arriving within ${windowSeconds} s, so no answer could come; the request was cancelled. Send the body without pausing`
-                : `no worker answered function ${p.functionId} (version ${p.version.functionVersionId}) within ${windowSeconds} s; the request was cancelled and removed from the queue. Check that the function is deployed and its instances are ACTIVE (callplane deploy get)`,
-            { extra: { requestId: p.requestId } },
-          ),
-          logger,
-          { "nvcf-reqid": p.requestId },
-        );
-        cancel(p, "window ended");
-        release(p);
-      },
-      (windowSeconds + poll.graceSeconds) * 1000,
-    );
+    pendings.add(p, (windowSeconds + poll.graceSeconds) * 1000, () => {
+      if (p.state !== "queued") return;
+      invocations.inc({ outcome: "timeout" });
+      logger.info(
+        { requestId: p.requestId, functionId: p.functionId, windowSeconds },
+        "no worker answered within the window",
+      );
+      sendProblem(
+        p.clientRes,
+        new CallplaneError(
+          "INVOCATION_TIMEOUT",
+          p.poll
+            ? `the worker did not answer the status request within ${windowSeconds} s; poll again`
+            : p.bodyStreaming
+              ? `a worker took request ${p.requestId}, but the request body did not finish arriving within ${windowSeconds} s, so no answer could come; the request was cancelled. Send the body without pausing`
+              : `no worker answered function ${p.functionId} (version ${p.version.functionVersionId}) within ${windowSeconds} s; the request was cancelled and removed from the queue. Check that the function is deployed and its instances are ACTIVE (callplane deploy get)`,
+          { extra: { requestId: p.requestId } },
+        ),
+        logger,
+        { "nvcf-reqid": p.requestId },
+      );
+      cancel(p, "window ended");
+      release(p);
+    });
   }
 
   function workMessage(
@@ -352,54 +314,6 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         },
       }),
     );
-  }
-
-  async function publish(fvid: string, requestId: string, data: Uint8Array): Promise<void> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        // No Nats-Msg-Id: the stream already keeps one message per subject, and the subject ends in
-        // the request id, so a repeated publish is refused as a duplicate (and taken as success
-        // below) without a header and a dedupe-window entry on every message.
-        await js!.publish(subjects.work(opts.region, fvid, requestId), data);
-        return;
-      } catch (err) {
-        const kind = classifyPublishError(err);
-        if (kind === "duplicate") return;
-        if (kind === "full") {
-          throw new CallplaneError(
-            "QUEUE_FULL",
-            `the queue of function version ${fvid} is full (${opts.queue.maxMessages} waiting requests); retry later or deploy more instances`,
-            {
-              cause: err,
-            },
-          );
-        }
-        // The API creates every deployed version's queue; one that is missing (removed by hand,
-        // a NATS store lost) is asked for again, once.
-        if (kind === "no-stream" && attempt === 0) {
-          await ensureQueueAtApi(fvid).catch((e: unknown) =>
-            logger.warn({ fvid, err: (e as Error).message }, "the API could not create the work queue"),
-          );
-          continue;
-        }
-        throw new CallplaneError(
-          "UNAVAILABLE",
-          "the work queue (NATS JetStream) did not accept the request; retry shortly",
-          { cause: err },
-        );
-      }
-    }
-  }
-
-  async function ensureQueueAtApi(fvid: string): Promise<void> {
-    const res = await request(new URL(`/v1/internal/work-queues/${fvid}`, opts.apiUrl), {
-      method: "PUT",
-      headers: { authorization: `Bearer ${opts.serviceToken}` },
-      headersTimeout: 10_000,
-      bodyTimeout: 10_000,
-    });
-    const text = await res.body.text();
-    if (res.statusCode >= 300) throw new Error(`the API answered ${res.statusCode}: ${text.slice(0, 300)}`);
   }
 
   async function invoke(
@@ -449,19 +363,20 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       clientReq: req,
       clientRes: res,
       leftover: body.rest,
-      requestToken: complete ? undefined : attachToken(),
-      responseToken: attachToken(),
+      requestToken: undefined,
+      responseToken: "",
       state: "queued",
-      timer: undefined,
       poll: false,
       started,
     };
+    // The worker may call back as soon as the message is out, so the tokens are live before publishing.
+    p.responseToken = attachToken(p, "response");
+    if (!complete) p.requestToken = attachToken(p, "request");
     const path = q === -1 ? version.defaultInvocationPath : version.defaultInvocationPath + req.url!.slice(q);
     const data = workMessage(p, req.method!, path, forwardHeaders(req, windowSeconds), body.head, grant);
-    // The worker may call back as soon as the message is out, so the tokens are live before publishing.
     track(p, windowSeconds);
     try {
-      await publish(version.functionVersionId, p.requestId, data);
+      await publisher!.publish(version.functionVersionId, p.requestId, data);
     } catch (err) {
       release(p);
       invocations.inc({ outcome: "rejected" });
@@ -512,12 +427,12 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       clientRes: res,
       leftover: undefined,
       requestToken: undefined,
-      responseToken: attachToken(),
+      responseToken: "",
       state: "queued",
-      timer: undefined,
       poll: true,
       started: Date.now(),
     };
+    p.responseToken = attachToken(p, "response");
     const data = workMessage(
       p,
       "GET",
@@ -591,21 +506,21 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         "The provided authorization token is invalid or has expired",
       );
     }
-    const entry = tokens.get(token);
+    const entry = tokens.peek(token);
     if (entry && entry.kind === kind) {
       tokens.delete(token);
       return entry.pending;
     }
-    const holder = /^([0-9a-f]{8})\./.exec(token);
+    const holder = tokenHolder(token);
     if (
       !entry &&
       relay &&
-      holder &&
-      !token.startsWith(tokenPrefix) &&
+      holder !== undefined &&
+      !tokens.isOwn(token) &&
       req.headers[RELAYED_HEADER] === undefined
     ) {
       attaches.inc({ kind, result: "relayed" });
-      await relay.forward(req, res, Number.parseInt(holder[1], 16));
+      await relay.forward(req, res, holder);
       return undefined;
     }
     attaches.inc({ kind, result: "bad_token" });
@@ -637,7 +552,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       );
     }
     p.state = "responding";
-    if (p.timer) clearTimeout(p.timer);
+    pendings.stopWindow(p);
     let framed;
     try {
       framed = await readFramedHead(req);
@@ -660,23 +575,9 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
     }
     const client = p.clientRes;
-    const headers: OutgoingHttpHeaders = {};
-    const listed = new Set<string>();
-    for (const [name, value] of head.headers)
-      if (name.toLowerCase() === "connection") for (const n of connectionListed(value)) listed.add(n);
-    for (const [name, value] of head.headers) {
-      const lower = name.toLowerCase();
-      if (
-        HOP_BY_HOP.has(lower) ||
-        listed.has(lower) ||
-        lower.startsWith("nvcf-reqid") ||
-        lower === "nvcf-status"
-      )
-        continue;
-      const cur = headers[lower];
-      headers[lower] =
-        cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [String(cur), value];
-    }
+    const headers: OutgoingHttpHeaders = foldPairs(
+      endToEndPairs(head.headers, { drop: OWN_RESPONSE_HEADERS }),
+    );
     headers["nvcf-reqid"] = p.requestId;
     headers["nvcf-status"] = nvcfStatus(head.status);
     headers["access-control-expose-headers"] = "nvcf-reqid";
@@ -843,8 +744,13 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     registry,
     async listen() {
       nc = await connectNats(opts.nats, `invocation-${holderHex(holderId)}`, logger);
-      js = jetstream(nc);
-      queues = new WorkQueues(nc, opts.region, opts.queue);
+      publisher = new WorkPublisher(
+        nc,
+        opts.region,
+        opts.queue,
+        logger,
+        askApiForQueue(opts.apiUrl, opts.serviceToken),
+      );
       const url = await http.listen();
       const tlsUrl = await workerHttp?.listen();
       if (opts.selfAddress) {
@@ -882,12 +788,13 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       // requests meanwhile, so nothing else is relayed to it.)
       await Promise.all([http.close(graceMs), workerHttp?.close(graceMs)]);
       await replicas?.close();
-      for (const p of [...pendings]) {
+      for (const p of pendings.values()) {
         cancel(p, "replica stopping");
         p.clientRes.destroy();
         release(p);
       }
       tlsReloader?.close();
+      tokens.close();
       await relay?.close();
       await auth.close();
       await nc?.drain().catch(() => undefined);

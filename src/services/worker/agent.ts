@@ -4,8 +4,10 @@
 import { jetstream, type Consumer, type JsMsg } from "@nats-io/jetstream";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { join } from "node:path";
+import { createSecureContext, rootCertificates } from "node:tls";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Pool, request } from "undici";
+import { grpcHealthCheck } from "../../lib/grpc-health.js";
 import { Router, createHttpService, sendJson } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import {
@@ -18,10 +20,12 @@ import {
 } from "../../lib/metrics.js";
 import { readFileSync } from "node:fs";
 import { INBOX, workerAuthToken, type NatsAccess } from "../../lib/nats-auth.js";
+import { podAwareLookup } from "../../lib/pod-lookup.js";
 import { connectNats, subjects } from "../../lib/queue.js";
 import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { OutputSlot } from "./output-slot.js";
+import { StatefulSession } from "./stateful.js";
 import { WorkItem, type WorkOutcome } from "./work.js";
 
 export interface WorkerAgent {
@@ -83,12 +87,16 @@ export function createWorkerAgent(
       keepAliveTimeout: 4_000,
     },
   );
-  const callbacks = new CallbackClient({
-    hostMap: cfg.hostMap,
-    serviceDomain: cfg.serviceDomain,
-    caPem: cfg.proxyCaPem || undefined,
-  });
-  const inflight = new Map<string, WorkItem>();
+  const lookup = podAwareLookup(cfg.hostMap, cfg.serviceDomain);
+  // NVCF_PROXY_CA_PEM extends the system's roots rather than replacing them, so a proxy with a
+  // public certificate still verifies. The context is built once: given as `ca`, the ~140 system
+  // roots were parsed again for every new connection (10-20 ms of blocked event loop each; a burst
+  // of new connections under load stalled every request for up to 800 ms).
+  const secureContext = cfg.proxyCaPem
+    ? createSecureContext({ ca: [...rootCertificates, cfg.proxyCaPem] })
+    : undefined;
+  const callbacks = new CallbackClient({ lookup, secureContext });
+  const inflight = new Map<string, WorkItem | StatefulSession>();
   const freeSlots: OutputSlot[] = [];
   let nc: NatsConnection | undefined;
   let cancelSub: Subscription | undefined;
@@ -118,24 +126,39 @@ export function createWorkerAgent(
     ready: () => ready,
   });
 
+  /** One health check: the HTTP endpoint's status, or grpc.health.v1 when the protocol is gRPC. */
+  async function checkHealth(url: string): Promise<void> {
+    if (cfg.health.protocol === "gRPC") {
+      await grpcHealthCheck(cfg.inference.host, cfg.health.port, {
+        timeoutMs: cfg.health.timeoutMs,
+        signal: stopController.signal,
+      });
+      return;
+    }
+    const res = await request(url, {
+      headersTimeout: cfg.health.timeoutMs,
+      bodyTimeout: cfg.health.timeoutMs,
+      signal: stopController.signal,
+    });
+    await res.body.dump();
+    if (res.statusCode !== cfg.health.expectedStatus)
+      throw new Error(`status ${res.statusCode}, expected ${cfg.health.expectedStatus}`);
+  }
+
   async function waitForInference(): Promise<void> {
     const deadline = Date.now() + cfg.health.readyTimeoutMs;
-    const url = `http://${cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host}:${cfg.health.port}${cfg.health.path}`;
+    const host = cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host;
+    const url =
+      cfg.health.protocol === "gRPC"
+        ? `grpc://${host}:${cfg.health.port} (grpc.health.v1.Health/Check)`
+        : `http://${host}:${cfg.health.port}${cfg.health.path}`;
     let last = "";
     let delay = 100;
     while (!stopController.signal.aborted) {
       try {
-        const res = await request(url, {
-          headersTimeout: cfg.health.timeoutMs,
-          bodyTimeout: cfg.health.timeoutMs,
-          signal: stopController.signal,
-        });
-        await res.body.dump();
-        if (res.statusCode === cfg.health.expectedStatus) {
-          logger.info({ url }, "inference server is healthy");
-          return;
-        }
-        last = `status ${res.statusCode}, expected ${cfg.health.expectedStatus}`;
+        await checkHealth(url);
+        logger.info({ url }, "inference server is healthy");
+        return;
       } catch (err) {
         last = (err as Error).message;
       }
@@ -171,10 +194,14 @@ export function createWorkerAgent(
     const started = performance.now();
     const keepAlive = setInterval(() => m.working(), cfg.keepAliveMs);
     let outcome: WorkOutcome = "failed";
-    let item: WorkItem | undefined;
+    let item: WorkItem | StatefulSession | undefined;
     const slot = freeSlots.pop();
     try {
-      item = new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, WorkItem.decode(m.data), slot);
+      // the kind of work: a gRPC session (statefulConfig) or one HTTP request (statelessConfig)
+      const req = WorkItem.decode(m.data);
+      item = req.statefulConfig
+        ? new StatefulSession({ cfg, logger, nc: nc!, lookup, secureContext }, req)
+        : new WorkItem({ cfg, logger, callbacks, inference, nc: nc! }, req, slot);
       inflight.set(item.requestId, item);
       outcome = await item.run();
     } catch (err) {
@@ -186,8 +213,9 @@ export function createWorkerAgent(
     } finally {
       clearInterval(keepAlive);
       if (item) inflight.delete(item.requestId);
-      // acked even on failure (contract §3.2): a redelivery would find the tokens used
-      m.ack();
+      // acked even on failure (contract §3.2): a redelivery would find the tokens used; not after
+      // destroy() closed the connection (the ack could only fail, after the fact)
+      if (!nc?.isClosed()) m.ack();
       items.inc({ outcome });
       duration.observe((performance.now() - started) / 1000);
       if (slot) {
@@ -295,7 +323,9 @@ export function createWorkerAgent(
       stopController.abort();
       for (const item of inflight.values()) item.abort.abort();
       http.destroy();
-      void nc?.close();
+      // closed after the work just aborted has run its last steps (acks, unsubscribes): a publish
+      // made while nats.js closes is flushed after its socket ended, an uncaught "write after end"
+      setImmediate(() => void nc?.close());
       void inference.destroy();
       void callbacks.agent.destroy();
     },

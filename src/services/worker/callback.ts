@@ -1,41 +1,14 @@
 // How the worker reaches the replica that holds a request: the two request-attach calls, either
 // straight to the target (resolving pod-address names itself where no cluster DNS does) or, when
 // the message names a callback proxy, as forward-proxy requests inside TLS to that proxy.
-import { lookup as dnsLookup, type LookupAddress, type LookupOptions } from "node:dns";
 import type { Readable } from "node:stream";
-import { createSecureContext, rootCertificates } from "node:tls";
+import type { SecureContext } from "node:tls";
 import { Agent, type Dispatcher } from "undici";
 import { H1_CONTENT_TYPE } from "../../lib/h1.js";
-import { SOCKET_BUFFER_BYTES, undashIp } from "../../lib/net.js";
+import { SOCKET_BUFFER_BYTES } from "../../lib/net.js";
+import type { LookupFunction } from "../../lib/pod-lookup.js";
 
 export const ATTACH_PATH = "/v2/nvcf/worker/request-attach";
-
-type LookupCallback = (
-  err: NodeJS.ErrnoException | null,
-  address: string | LookupAddress[],
-  family?: number,
-) => void;
-
-/**
- * A resolver for names no DNS serves on one machine: the static map first, then
- * `<dashed-ip>.<anything>.<service domain>` as that IP, as cluster DNS would; else the system's DNS.
- */
-export function podAwareLookup(hostMap: Map<string, string>, serviceDomain: string) {
-  return (hostname: string, options: LookupOptions, callback: LookupCallback): void => {
-    const name = hostname.toLowerCase();
-    let ip = hostMap.get(name);
-    if (!ip && (name === serviceDomain || name.endsWith(`.${serviceDomain}`))) {
-      ip = undashIp(name.split(".")[0]);
-    }
-    if (ip) {
-      const family = ip.includes(":") ? 6 : 4;
-      if (options.all) callback(null, [{ address: ip, family }]);
-      else callback(null, ip, family);
-      return;
-    }
-    dnsLookup(hostname, options, callback as never);
-  };
-}
 
 export interface CallbackTarget {
   /** http://<dashed-ip>.invocation.<domain>:<port> */
@@ -55,19 +28,13 @@ interface Route {
 export class CallbackClient {
   readonly agent: Agent;
 
-  constructor(opts: { hostMap: Map<string, string>; serviceDomain: string; caPem?: string | undefined }) {
+  constructor(opts: { lookup: LookupFunction; secureContext: SecureContext | undefined }) {
     this.agent = new Agent({
       keepAliveTimeout: 30_000,
       connections: 256,
       connect: {
-        lookup: podAwareLookup(opts.hostMap, opts.serviceDomain),
-        // NVCF_PROXY_CA_PEM extends the system's roots rather than replacing them, so a proxy with
-        // a public certificate still verifies. The context is built once: given as `ca`, the ~140
-        // system roots were parsed again for every new connection (10-20 ms of blocked event loop
-        // each; a burst of new connections under load stalled every request for up to 800 ms).
-        ...(opts.caPem
-          ? { secureContext: createSecureContext({ ca: [...rootCertificates, opts.caPem] }) }
-          : {}),
+        lookup: opts.lookup,
+        ...(opts.secureContext ? { secureContext: opts.secureContext } : {}),
         // 256 KiB socket buffers (undici's default for TLS is 16 KiB): fewer pauses per MiB streamed
         ...({ highWaterMark: SOCKET_BUFFER_BYTES } as object),
       },

@@ -74,6 +74,8 @@ const envSchema = z.object({
   CALLPLANE_WORKER_HOST_MAP: hostMap,
   CALLPLANE_KEEPALIVE_SECONDS: z.coerce.number().positive().default(10),
   CALLPLANE_ACK_WAIT_SECONDS: z.coerce.number().positive().default(30),
+  /** callplane: how long a gRPC session waits for a tunnel to come back after its last one closed. */
+  CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: z.coerce.number().min(0).default(30),
   CALLPLANE_STREAM_MAX_MESSAGES: int(100_000, 1),
   CALLPLANE_STREAM_MAX_MESSAGE_BYTES: int(6 * 1024 * 1024, 1024, 8 * 1024 * 1024),
   CALLPLANE_STREAM_REPLICAS: int(1, 1, 5),
@@ -113,6 +115,7 @@ export interface WorkerConfig {
   hostMap: Map<string, string>;
   keepAliveMs: number;
   ackWaitSeconds: number;
+  sessionReconnectWaitMs: number;
   streamMaxMessages: number;
   streamMaxMessageBytes: number;
   streamReplicas: number;
@@ -203,6 +206,7 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     hostMap: e.CALLPLANE_WORKER_HOST_MAP,
     keepAliveMs: e.CALLPLANE_KEEPALIVE_SECONDS * 1000,
     ackWaitSeconds: e.CALLPLANE_ACK_WAIT_SECONDS,
+    sessionReconnectWaitMs: e.CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS * 1000,
     streamMaxMessages: e.CALLPLANE_STREAM_MAX_MESSAGES,
     streamMaxMessageBytes: e.CALLPLANE_STREAM_MAX_MESSAGE_BYTES,
     streamReplicas: e.CALLPLANE_STREAM_REPLICAS,

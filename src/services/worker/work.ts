@@ -16,7 +16,7 @@ import type { Dispatcher, Pool } from "undici";
 import { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
 import { serializeResponseHead } from "../../lib/h1.js";
 import { prepend } from "../../lib/stream.js";
-import { HOP_BY_HOP, connectionListed } from "../../lib/headers.js";
+import { endToEnd, endToEndHeaders, foldPairs } from "../../lib/headers.js";
 import type { Logger } from "../../lib/log.js";
 import { subjects } from "../../lib/queue.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
@@ -55,6 +55,7 @@ const WORKER_OWNED = new Set(
  * over 1 MiB (curl adds the header above that size) a 502.
  */
 const ENDS_AT_REPLICA = new Set(["expect"]);
+const DROPPED_TO_INFERENCE = new Set([...WORKER_OWNED, ...ENDS_AT_REPLICA]);
 
 const ERROR_BODY_LIMIT = 64 * 1024;
 const SMALL_BODY = 64 * 1024;
@@ -157,7 +158,7 @@ export class WorkItem {
     if (cfg?.case !== "http1Config") {
       logger.error(
         { requestId: this.requestId },
-        "the work message has no HTTP callback configuration (statelessConfig); gRPC sessions are not served by this worker",
+        "the work message has neither an HTTP callback configuration (statelessConfig) nor a gRPC one (statefulConfig)",
       );
       return "failed";
     }
@@ -259,17 +260,14 @@ export class WorkItem {
   private inferenceHeaders(): Record<string, string | string[]> {
     const { cfg } = this.deps;
     const req = this.req;
-    const listed = new Set<string>();
-    for (const h of req.requestHeaders)
-      if (h.key.toLowerCase() === "connection") for (const n of connectionListed(h.value)) listed.add(n);
-    const out: Record<string, string | string[]> = {};
-    for (const { key, value } of req.requestHeaders) {
-      const lower = key.toLowerCase();
-      if (HOP_BY_HOP.has(lower) || WORKER_OWNED.has(lower) || ENDS_AT_REPLICA.has(lower) || listed.has(lower))
-        continue;
-      const cur = out[lower];
-      out[lower] = cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [cur, value];
-    }
+    const out: Record<string, string | string[]> = foldPairs(
+      endToEnd(
+        req.requestHeaders,
+        (h) => h.key,
+        (h) => h.value,
+        { drop: DROPPED_TO_INFERENCE },
+      ).map((h) => [h.key, h.value] as const),
+    );
     const remaining = Math.max(0, Math.floor((this.deadline - Date.now()) / 1000));
     out["nvcf-reqid"] = req.requestId;
     out["nvcf-sub"] = req.subject;
@@ -466,11 +464,8 @@ export class WorkItem {
       return "answered";
     }
     const headers: Array<[string, string]> = [];
-    const listed = connectionListed(r.headers.connection);
-    for (const [k, v] of Object.entries(r.headers)) {
-      if (v === undefined || HOP_BY_HOP.has(k) || listed.has(k)) continue;
-      for (const one of Array.isArray(v) ? v : [v]) headers.push([k, one]);
-    }
+    for (const [k, v] of Object.entries(endToEndHeaders(r.headers)))
+      for (const one of Array.isArray(v) ? v : [v]) headers.push([k, String(one)]);
     const cl = r.headers["content-length"];
     const contentLength = typeof cl === "string" && /^\d+$/.test(cl) ? Number(cl) : undefined;
     const head = serializeResponseHead(r.statusCode, headers);

@@ -1,6 +1,9 @@
 // The control plane's storage, behind one interface so that a replicated backend (PostgreSQL) can
 // stand in for the embedded SQLite one. Every method that writes more than one row is atomic: it
 // either changes everything it says or nothing.
+import type { InstanceStatus } from "../../../lib/instance-status.js";
+
+export type { InstanceStatus };
 
 export interface HealthCheck {
   protocol: "HTTP" | "gRPC";
@@ -55,8 +58,6 @@ export interface DeploymentRecord {
   createdAt: string;
   updatedAt: string;
 }
-
-export type InstanceStatus = "STARTING" | "ACTIVE" | "ERRORED" | "TERMINATED";
 
 export interface InstanceRecord {
   instanceId: string;

@@ -5,9 +5,9 @@
 // one API call. Keys are held only as SHA-256 hashes.
 import { createHash } from "node:crypto";
 import { Agent, request } from "undici";
-import { CallplaneError, ERROR_CODES, type ErrorCode, type Problem } from "../../lib/errors.js";
-import type { Logger } from "../../lib/log.js";
-import { Counter, type Registry } from "../../lib/metrics.js";
+import { CallplaneError, ERROR_CODES, type ErrorCode, type Problem } from "../lib/errors.js";
+import type { Logger } from "../lib/log.js";
+import { Counter, type Registry } from "../lib/metrics.js";
 
 export interface GrantVersion {
   functionVersionId: string;
@@ -40,6 +40,37 @@ export interface AuthCacheOptions {
   maxEntries: number;
   logger: Logger;
   registry: Registry;
+}
+
+/** The cache settings as the configuration gives them (invocation.authCache), in seconds. */
+export interface AuthCacheSettings {
+  ttlSeconds: number;
+  negativeTtlSeconds: number;
+  maxEntries: number;
+}
+
+export const DEFAULT_AUTH_CACHE: AuthCacheSettings = {
+  ttlSeconds: 10,
+  negativeTtlSeconds: 5,
+  maxEntries: 10_000,
+};
+
+/** An AuthCache for a front-door service, from its configuration's settings. */
+export function createAuthCache(
+  opts: { apiUrl: string; serviceToken: string; authCache?: AuthCacheSettings | undefined },
+  logger: Logger,
+  registry: Registry,
+): AuthCache {
+  const c = opts.authCache ?? DEFAULT_AUTH_CACHE;
+  return new AuthCache({
+    apiUrl: opts.apiUrl,
+    serviceToken: opts.serviceToken,
+    ttlMs: c.ttlSeconds * 1000,
+    negativeTtlMs: c.negativeTtlSeconds * 1000,
+    maxEntries: c.maxEntries,
+    logger,
+    registry,
+  });
 }
 
 export class AuthCache {

@@ -5,11 +5,11 @@
 // callback carries a marker so that it is never relayed a second time.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { Agent } from "undici";
-import { CallplaneError } from "../../lib/errors.js";
-import { forward, forwardHeaders } from "../../lib/forward.js";
-import { holderHex } from "../../lib/ids.js";
-import type { Logger } from "../../lib/log.js";
-import type { ReplicaRegistry } from "../../lib/registry.js";
+import { CallplaneError } from "../lib/errors.js";
+import { forward, forwardHeaders } from "../lib/forward.js";
+import { holderHex } from "../lib/ids.js";
+import type { Logger } from "../lib/log.js";
+import type { ReplicaRegistry } from "./registry.js";
 
 export const RELAYED_HEADER = "x-callplane-relayed";
 export const ATTACH_PATH = "/v2/nvcf/worker/request-attach";

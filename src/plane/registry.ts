@@ -7,18 +7,19 @@
 // address in it was written by a replica.
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { holderHex } from "./ids.js";
-import type { Logger } from "./log.js";
+import { holderHex } from "../lib/ids.js";
+import type { Logger } from "../lib/log.js";
 
 export interface ReplicaEntry {
   holder: string;
-  /** Where other replicas send relayed callbacks: the replica's plain control-plane listener. */
+  /** Where other replicas relay to: the invocation replica's plain listener, grpc-proxy's CONNECT listener. */
   relayUrl: string;
   startedAt: string;
 }
 
-export { REGISTRY_BUCKET } from "./nats-auth.js";
-import { REGISTRY_BUCKET } from "./nats-auth.js";
+/** One registry per kind of replica: the invocation service's, grpc-proxy's (see nats-auth.ts). */
+export { REGISTRY_BUCKETS } from "../lib/nats-auth.js";
+import { REGISTRY_BUCKETS } from "../lib/nats-auth.js";
 
 export class ReplicaRegistry {
   private kv: KV | undefined;
@@ -30,6 +31,7 @@ export class ReplicaRegistry {
     private readonly self: { holder: number; relayUrl: string },
     private readonly logger: Logger,
     private readonly ttlMs = 15_000,
+    private readonly bucket: string = REGISTRY_BUCKETS.invocation,
   ) {
     this.key = holderHex(self.holder);
   }
@@ -43,7 +45,7 @@ export class ReplicaRegistry {
   }
 
   async start(): Promise<void> {
-    this.kv = await new Kvm(this.nc).create(REGISTRY_BUCKET, {
+    this.kv = await new Kvm(this.nc).create(this.bucket, {
       history: 1,
       ttl: this.ttlMs,
       storage: "memory" as never,

@@ -1,0 +1,232 @@
+// `npm run bench -- grpc`: gRPC through callplane (client → grpc-proxy → callback proxy → the
+// worker's tunnel → worker → the example gRPC server, all real processes on loopback, the path
+// `npm start` sets up) against the same calls made straight to the example server, in one run.
+// Unary 1 KiB calls are driven by h2load (C, so the load generator costs little CPU of the two
+// cores): one call at a time (latency), one connection with many concurrent calls, and many
+// connections (each one a session of its own: its own worker tunnel). Streaming MB/s both ways is
+// measured with @grpc/grpc-js (the same client both ways, so the ratio is the path's).
+import { create, toBinary } from "@bufbuild/protobuf";
+import { Metadata, credentials, makeGenericClientConstructor } from "@grpc/grpc-js";
+import { spawn } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { Echo, EchoMessageSchema, type EchoMessage } from "../src/gen/callplane/examples/echo_pb.js";
+import { frameGrpcMessage } from "../src/lib/grpc.js";
+import { UNLIMITED_MESSAGES, grpcDefinition, rawUnary } from "../src/lib/grpc-def.js";
+import { startChain } from "./chain.js";
+import { cpuMs, machine } from "./harness.js";
+
+export interface GrpcBenchOptions {
+  seconds: number;
+  /** Concurrent calls on the one connection. */
+  streams: number;
+  /** Connections (sessions) in the many-connections run, and calls in flight on each. */
+  connections: number;
+  perConnection: number;
+  /** Streaming: messages of 1 MiB each way. */
+  streamMiB: number;
+}
+
+interface H2Result {
+  rps: number;
+  p50: number;
+  p99: number;
+  succeeded: number;
+  failed: number;
+}
+
+function h2load(
+  dir: string,
+  name: string,
+  target: string,
+  headers: Record<string, string>,
+  o: { clients: number; streams: number; seconds: number },
+): Promise<H2Result> {
+  const body = join(dir, "unary-1k.bin");
+  const log = join(dir, `h2load-${name}.log`);
+  const args = [
+    "-c",
+    String(o.clients),
+    "-m",
+    String(o.streams),
+    "-D",
+    String(o.seconds),
+    "--warm-up-time=1",
+    "-d",
+    body,
+    "--log-file",
+    log,
+    ...Object.entries({ "content-type": "application/grpc", te: "trailers", ...headers }).flatMap(
+      ([k, v]) => ["-H", `${k}: ${v}`],
+    ),
+    `http://${target}/callplane.examples.Echo/Unary`,
+  ];
+  return new Promise((resolve, reject) => {
+    const p = spawn("h2load", args, { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    p.stdout.on("data", (d: Buffer) => (out += d.toString()));
+    p.stderr.on("data", (d: Buffer) => (out += d.toString()));
+    p.on("error", reject);
+    p.on("close", () => {
+      const rps = Number(/finished in [\d.]+\w+, ([\d.]+) req\/s/.exec(out)?.[1] ?? NaN);
+      const m = /requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed/.exec(out);
+      const times = readFileSync(log, "utf8")
+        .split("\n")
+        .filter(Boolean)
+        .map((l) => Number(l.split("\t")[2]) / 1000)
+        .sort((a, b) => a - b);
+      const q = (x: number) =>
+        Math.round(times[Math.min(times.length - 1, Math.floor(times.length * x))] * 1000) / 1000;
+      if (!m || !times.length) {
+        reject(new Error(`h2load ${name} gave no figures:\n${out}`));
+        return;
+      }
+      resolve({ rps, p50: q(0.5), p99: q(0.99), succeeded: Number(m[1]), failed: Number(m[2]) });
+    });
+  });
+}
+
+const EchoClient = makeGenericClientConstructor(grpcDefinition(Echo), "Echo");
+
+/** MB/s of `mib` 1 MiB messages up (ClientStream) and down (ServerStream), on one connection. */
+async function streaming(
+  target: string,
+  md: Record<string, string>,
+  mib: number,
+): Promise<{ up: number; down: number }> {
+  const client = new EchoClient(
+    target,
+    credentials.createInsecure(),
+    UNLIMITED_MESSAGES,
+  ) as unknown as Record<
+    string,
+    (...a: unknown[]) => {
+      write(m: EchoMessage): boolean;
+      end(): void;
+      once(e: string, f: () => void): void;
+      on(e: string, f: (x: unknown) => void): void;
+    }
+  > & { close(): void };
+  const meta = new Metadata();
+  for (const [k, v] of Object.entries(md)) meta.set(k, v);
+  const chunk = create(EchoMessageSchema, { payload: Buffer.alloc(1 << 20, 7) });
+  try {
+    // (the first call also brings the session up; it is not timed)
+    await new Promise<void>((resolve, reject) =>
+      client.Unary(create(EchoMessageSchema, { payload: Buffer.from("x") }), meta, (err: Error | null) =>
+        err ? reject(err) : resolve(),
+      ),
+    );
+    let t0 = performance.now();
+    await new Promise<void>((resolve, reject) => {
+      const call = client.ClientStream(meta, (err: Error | null) => (err ? reject(err) : resolve()));
+      void (async () => {
+        for (let i = 0; i < mib; i++)
+          if (!call.write(chunk)) await new Promise<void>((r) => call.once("drain", r));
+        call.end();
+      })();
+    });
+    const up = (mib * 1.048576) / ((performance.now() - t0) / 1000);
+    t0 = performance.now();
+    await new Promise<void>((resolve, reject) => {
+      const call = client.ServerStream(
+        create(EchoMessageSchema, { payload: chunk.payload, repeat: mib }),
+        meta,
+      );
+      call.on("data", () => undefined);
+      call.on("error", (e) => reject(e instanceof Error ? e : new Error(String(e))));
+      call.on("end", () => resolve());
+    });
+    const down = (mib * 1.048576) / ((performance.now() - t0) / 1000);
+    return { up: Math.round(up), down: Math.round(down) };
+  } finally {
+    client.close();
+  }
+}
+
+export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unknown>> {
+  // every connection is a session holding a worker slot until it has been idle for 30 s: room for
+  // all of them, over the three targets
+  const sessions = 3 * (o.connections + 2);
+  const chain = await startChain({ workers: 1, concurrency: 8, grpc: { workers: 1, concurrency: sessions } });
+  try {
+    const g = chain.grpc!;
+    const md = { authorization: `Bearer ${chain.key}`, "function-id": g.functionId };
+    writeFileSync(
+      join(chain.dir, "unary-1k.bin"),
+      frameGrpcMessage(
+        toBinary(EchoMessageSchema, create(EchoMessageSchema, { payload: Buffer.alloc(1024, 1) })),
+      ),
+    );
+    // a first call each way shows the path works (h2load sees HTTP statuses, not grpc-status)
+    for (const target of [g.direct, g.target, g.inCluster]) {
+      const r = await rawUnary(
+        target,
+        "/callplane.examples.Echo/Unary",
+        Buffer.from([0x0a, 2, 0x68, 0x69]),
+        md,
+        30_000,
+      );
+      if (r.response.toString("latin1") !== "\n\x02hi")
+        throw new Error(`the check call to ${target} came back wrong`);
+    }
+    const pids = {
+      "grpc-proxy": g.proc.pid!,
+      proxy: chain.proxy.pid!,
+      worker: g.workers[0].pid!,
+      server: g.server.pid!,
+    };
+    const runs: Record<string, Record<string, H2Result & { cpuMsPer1k?: Record<string, number> }>> = {};
+    const shapes = {
+      oneAtATime: { clients: 1, streams: 1 },
+      oneConnection: { clients: 1, streams: o.streams },
+      manyConnections: { clients: o.connections, streams: o.perConnection },
+    };
+    for (const [shape, s] of Object.entries(shapes)) {
+      runs[shape] = {};
+      for (const [path, target] of [
+        ["direct", g.direct],
+        ["callplane", g.target],
+        ["inCluster", g.inCluster],
+      ] as const) {
+        const before = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuMs(pid)]));
+        const r = await h2load(chain.dir, `${shape}-${path}`, target, md, { ...s, seconds: o.seconds });
+        const calls = r.succeeded + r.failed;
+        runs[shape][path] = {
+          ...r,
+          ...(path === "callplane"
+            ? {
+                cpuMsPer1k: Object.fromEntries(
+                  Object.entries(pids).map(([k, pid]) => [
+                    k,
+                    Math.round(((cpuMs(pid) - before[k]) / calls) * 1000 * 10) / 10,
+                  ]),
+                ),
+              }
+            : {}),
+        };
+      }
+    }
+    const stream = {
+      direct: await streaming(g.direct, md, o.streamMiB),
+      callplane: await streaming(g.target, md, o.streamMiB),
+      inCluster: await streaming(g.inCluster, md, o.streamMiB),
+    };
+    const ratio = (shape: string) =>
+      Math.round((runs[shape].callplane.rps / runs[shape].direct.rps) * 100) / 100;
+    return {
+      machine: machine(),
+      command: `npm run bench -- grpc --seconds ${o.seconds} --streams ${o.streams} --connections ${o.connections} --per-connection ${o.perConnection} --stream-mib ${o.streamMiB}`,
+      unary: runs,
+      ratio: {
+        oneAtATime: ratio("oneAtATime"),
+        oneConnection: ratio("oneConnection"),
+        manyConnections: ratio("manyConnections"),
+      },
+      addedP50ms: Math.round((runs.oneAtATime.callplane.p50 - runs.oneAtATime.direct.p50) * 1000) / 1000,
+      streamingMBps: stream,
+    };
+  } finally {
+    chain.close();
+  }
+}

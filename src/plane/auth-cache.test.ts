@@ -1,0 +1,35 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { startApi } from "../../test/testkit/index.js";
+import { deployFunction, metricValue } from "../../test/testkit/plane.js";
+import { silentLogger } from "../lib/log.js";
+import { createRegistry } from "../lib/metrics.js";
+import { AuthCache } from "./auth-cache.js";
+
+test("grants and refusals come from the API once, then from the cache", async (t) => {
+  const api = await startApi(t);
+  const fn = await deployFunction(api, "auth-cache-test");
+  const registry = createRegistry("t", { defaultMetrics: false });
+  const cache = new AuthCache({
+    apiUrl: api.url,
+    serviceToken: api.serviceToken("invocation"),
+    ttlMs: 10_000,
+    negativeTtlMs: 10_000,
+    maxEntries: 100,
+    logger: silentLogger(),
+    registry,
+  });
+  t.after(() => cache.destroy());
+  const [a, b] = await Promise.all([
+    cache.authorize(fn.apiKey, fn.functionId),
+    cache.authorize(fn.apiKey, fn.functionId),
+  ]);
+  assert.equal(a.functionId, fn.functionId);
+  assert.equal(a.functionVersions[0].functionVersionId, fn.versionId);
+  assert.strictEqual(a, b, "concurrent misses share one lookup");
+  await cache.authorize(fn.apiKey, fn.functionId);
+  await assert.rejects(cache.authorize("nvapi-wrong", fn.functionId), { status: 401 });
+  await assert.rejects(cache.authorize("nvapi-wrong", fn.functionId), { status: 401 });
+  assert.equal(await metricValue(registry, "callplane_invocation_auth_lookups_total", { result: "miss" }), 2);
+  assert.equal(await metricValue(registry, "callplane_invocation_auth_lookups_total", { result: "hit" }), 2);
+});

@@ -1,0 +1,47 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { randomUUID } from "node:crypto";
+import { startNats } from "../../test/testkit/index.js";
+import { silentLogger } from "../lib/log.js";
+import { DEFAULT_QUEUE_LIMITS, WorkQueues, connectNats, subjects } from "../lib/queue.js";
+import { WorkPublisher } from "./work-queue.js";
+
+test("a missing queue is asked of the control plane once, a repeated id is no error, a full queue is QUEUE_FULL, cancel purges", async (t) => {
+  const nats = await startNats(t, { region: "test" });
+  // a replica's own connection (it may publish, not create streams); the control plane's stand-in
+  // creates the queue when asked, on a connection of the test's
+  const nc = await connectNats(nats.access("invocation"), "work-queue-test", silentLogger());
+  t.after(() => nc.close());
+  const admin = await nats.observe();
+  t.after(() => admin.close());
+  const limits = { ...DEFAULT_QUEUE_LIMITS, maxMessages: 2 };
+  const queues = new WorkQueues(admin, "test", limits);
+  const asked: string[] = [];
+  const fvid = randomUUID();
+  const pub = new WorkPublisher(nc, "test", limits, silentLogger(), async (v) => {
+    asked.push(v);
+    await queues.ensure(v);
+  });
+  const cancels: string[] = [];
+  admin.subscribe(subjects.cancel(fvid), { callback: (_e, m) => void cancels.push(m.string()) });
+  const a = randomUUID();
+  await pub.publish(fvid, a, new Uint8Array([1]));
+  assert.deepEqual(asked, [fvid], "the missing queue was asked for once");
+  await pub.publish(fvid, a, new Uint8Array([1]));
+  await pub.publish(fvid, randomUUID(), new Uint8Array([2]));
+  await assert.rejects(pub.publish(fvid, randomUUID(), new Uint8Array([3])), { code: "QUEUE_FULL" });
+  assert.deepEqual(asked, [fvid]);
+  const jsm = await jetstreamManager(admin);
+  assert.equal((await jsm.streams.info(subjects.stream("test", fvid))).state.messages, 2);
+  pub.cancel(fvid, a, "test");
+  await nc.flush();
+  for (
+    let i = 0;
+    i < 100 && (await jsm.streams.info(subjects.stream("test", fvid))).state.messages !== 1;
+    i++
+  )
+    await new Promise((r) => setTimeout(r, 20));
+  assert.equal((await jsm.streams.info(subjects.stream("test", fvid))).state.messages, 1);
+  assert.deepEqual(cancels, [a]);
+});

@@ -1,0 +1,62 @@
+import { join } from "node:path";
+import { readServiceToken } from "../../lib/auth.js";
+import { parseHostPort } from "../../lib/net.js";
+import { TLS_FILES, grpcProxyCertFolder } from "../../lib/pki.js";
+import { natsAccess } from "../../lib/nats-auth.js";
+import { runService } from "../../lib/service-main.js";
+import { CONNECT_PATH, createGrpcProxy } from "./service.js";
+
+runService(
+  "grpc-proxy",
+  async (config, logger) => {
+    // As in Kubernetes, each replica learns its own address from POD_IP; the local stack sets it.
+    const host = process.env.POD_IP;
+    if (!host)
+      throw new Error(
+        "POD_IP is not set: grpc-proxy listens on its pod's own address (the local stack sets POD_IP per replica)",
+      );
+    const g = config.grpcproxy;
+    const proxy = config.workerCallbackProxy;
+    const shared = g.workerConnectBaseURL || config.global.workerEndpoints.grpcProxyWorkerConnectURL;
+    const certs = grpcProxyCertFolder(config.pki.dir, host);
+    const service = createGrpcProxy({
+      listen: { host, port: g.port },
+      connectPort: g.connectPort,
+      workerTls: proxy.enabled
+        ? {
+            port: g.workerTlsPort,
+            certFile: join(certs, TLS_FILES.cert),
+            keyFile: join(certs, TLS_FILES.key),
+          }
+        : undefined,
+      clientTls: g.tls.enabled ? { certFile: g.tls.certFile, keyFile: g.tls.keyFile } : undefined,
+      region: config.global.region,
+      serviceDomain: config.global.serviceDomain,
+      nats: natsAccess(config, "grpc-proxy"),
+      apiUrl: config.api.url,
+      // the invocation plane's service identity at the API (the key check is the same for HTTP and gRPC)
+      serviceToken: readServiceToken(config.auth.serviceTokenDir, "invocation"),
+      queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
+      authCache: config.invocation.authCache,
+      sharedConnectUrl: shared ? `${shared.replace(/\/+$/, "")}${CONNECT_PATH}` : undefined,
+      callbackProxy: proxy.enabled
+        ? { workerDomain: proxy.workerDomain, port: parseHostPort(proxy.listen).port }
+        : undefined,
+      sessionIdleMs: g.sessionIdleSeconds * 1000,
+      connectTokenTtlMs: g.connectTokenTtlSeconds * 1000,
+      relay: { enabled: g.relay.enabled },
+      logger,
+    });
+    const url = await service.listen();
+    return {
+      urls: {
+        grpc: url.origin,
+        connect: service.urls!.connect.origin,
+        connectUri: service.connectUri,
+      },
+      close: (grace) => service.close(grace),
+      destroy: () => service.destroy(),
+    };
+  },
+  { graceMs: (c) => c.grpcproxy.shutdownGraceSeconds * 1000 },
+);
