@@ -205,6 +205,7 @@ export const configSchema = z.strictObject({
   }),
   worker: section({
     keepAliveSeconds: seconds(10, 600),
+    inferenceIdleSeconds: z.number().min(0).max(86_400).default(300),
   }),
   pki: section({
     dir: z.string().default(""),

@@ -330,8 +330,10 @@ export class WorkItem {
       headers,
       body: body ?? null,
       signal: this.abort.signal,
+      // a long inference may take its time to answer (the poll window covers that); once it has,
+      // a body that stops for inferenceIdleMs is cut, so its client gets an error, not a hang
       headersTimeout: 0,
-      bodyTimeout: 0,
+      bodyTimeout: this.deps.cfg.inferenceIdleMs,
     });
   }
 
