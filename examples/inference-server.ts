@@ -1,7 +1,9 @@
 // The example inference server used by the demo, the tests and the benchmarks. One small HTTP
 // server with a route per behaviour a function may have:
 //   POST /echo            the request body back, byte for byte, streamed, with the same Content-Type
-//                         (?readPauseMs=N: a slow reader, pausing N ms after each MiB it reads)
+//                         (?readPauseMs=N: a slow reader, pausing N ms after each MiB it reads;
+//                         ?fault=stall|reset|hang-once&key=k: as /stall, /reset, /once-hang, for a
+//                         function whose inference URL is /echo)
 //   GET|POST /sse         server-sent events (?events=5&intervalMs=200)
 //   POST /slow            answers after ?seconds=3, writing NVCF progress files meanwhile
 //   GET|POST /large       ?bytes=N bytes of a repeating pattern, streamed (Content-Length set)
@@ -68,6 +70,37 @@ function echoSlowly(req: IncomingMessage, res: ServerResponse, ms: number): void
   res.once("close", () => req.destroy());
 }
 
+/** The first call with a key never answers (and counts as hanging); later calls echo. */
+function onceHang(req: IncomingMessage, res: ServerResponse, key: string): void {
+  if (!seenKeys.has(key)) {
+    seenKeys.add(key);
+    stats.hanging++;
+    req.resume();
+    res.once("close", () => {
+      stats.hanging--;
+      stats.abandoned++;
+    });
+    return;
+  }
+  res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
+  req.pipe(res);
+}
+
+/** Answers its head and some body, then stalls for ever or resets the connection. */
+function misbehave(how: "stall" | "reset", req: IncomingMessage, res: ServerResponse): void {
+  req.resume();
+  res.writeHead(200, { "content-type": "application/octet-stream" });
+  res.write(Buffer.alloc(how === "stall" ? 1024 : 64 * 1024, "s"));
+  if (how === "reset") setTimeout(() => res.socket?.resetAndDestroy(), 50);
+  else {
+    stats.hanging++;
+    res.once("close", () => {
+      stats.hanging--;
+      stats.abandoned++;
+    });
+  }
+}
+
 export function handle(req: IncomingMessage, res: ServerResponse): void {
   stats.requests++;
   const url = new URL(req.url ?? "/", "http://inference");
@@ -76,6 +109,9 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     return json(res, 200, { status: "ok" });
   if (path === "/stats") return json(res, 200, stats);
   if (path === "/echo") {
+    const fault = url.searchParams.get("fault");
+    if (fault === "stall" || fault === "reset") return misbehave(fault, req, res);
+    if (fault === "hang-once") return onceHang(req, res, url.searchParams.get("key") ?? "");
     const headers: Record<string, string> = {
       "content-type": req.headers["content-type"] ?? "application/octet-stream",
     };
@@ -192,36 +228,9 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     req.resume();
     return json(res, 200, { method: req.method, url: req.url, headers: req.headers });
   }
-  if (path === "/once-hang") {
-    const key = url.searchParams.get("key") ?? "";
-    if (!seenKeys.has(key)) {
-      seenKeys.add(key);
-      stats.hanging++;
-      req.resume();
-      res.once("close", () => {
-        stats.hanging--;
-        stats.abandoned++;
-      });
-      return;
-    }
-    res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
-    req.pipe(res);
-    return;
-  }
-  if (path === "/stall" || path === "/reset") {
-    req.resume();
-    res.writeHead(200, { "content-type": "application/octet-stream" });
-    res.write(Buffer.alloc(path === "/stall" ? 1024 : 64 * 1024, "s"));
-    if (path === "/reset") setTimeout(() => res.socket?.resetAndDestroy(), 50);
-    else {
-      stats.hanging++;
-      res.once("close", () => {
-        stats.hanging--;
-        stats.abandoned++;
-      });
-    }
-    return;
-  }
+  if (path === "/once-hang") return onceHang(req, res, url.searchParams.get("key") ?? "");
+  if (path === "/stall" || path === "/reset")
+    return misbehave(path === "/stall" ? "stall" : "reset", req, res);
   if (path === "/hang") {
     stats.hanging++;
     req.resume();
