@@ -13,7 +13,7 @@
 import { isIP } from "node:net";
 import type { Config } from "../lib/config.js";
 import { cidrContains, parseCidr, parseHostPort } from "../lib/net.js";
-import { MOUNTS, SERVICES } from "./layout.js";
+import { MOUNTS, SERVICES, WORKLOADS, type Workload } from "./layout.js";
 
 export type RawDocument = Record<string, unknown>;
 
@@ -86,6 +86,49 @@ export function clusterNames(serviceDomain: string): ClusterNames | undefined {
     clusterDomain: m[3],
     fqdn: (service) => `${service}.${serviceDomain}`,
   };
+}
+
+/**
+ * The sections whose `podAnnotations` a workload's pods get. callplane's API serves what upstream
+ * splits into three services (the NVCF API, the API Keys service, the ESS API), so the API's pods
+ * carry all three keys' annotations.
+ */
+export function annotationSections(w: Workload): string[] {
+  return w.section === WORKLOADS.api.section ? ["api", "apikeys", "ess"] : [w.section];
+}
+
+function annotationsOfSection(c: Config, section: string): Record<string, string> {
+  return (
+    (c as unknown as Record<string, { podAnnotations?: Record<string, string> }>)[section]?.podAnnotations ??
+    {}
+  );
+}
+
+/** A workload's pod annotations from the environment file, merged in the order of annotationSections. */
+export function podAnnotationsOf(c: Config, w: Workload): Record<string, string> {
+  return Object.assign({}, ...annotationSections(w).map((s) => annotationsOfSection(c, s))) as Record<
+    string,
+    string
+  >;
+}
+
+/** One key set to two values by the sections that land on the same pods, named both ways. */
+function annotationConflicts(c: Config): string[] {
+  const p: string[] = [];
+  for (const w of Object.values(WORKLOADS)) {
+    const seen = new Map<string, { section: string; value: string }>();
+    for (const section of annotationSections(w)) {
+      for (const [key, value] of Object.entries(annotationsOfSection(c, section))) {
+        const before = seen.get(key);
+        if (before && before.value !== value)
+          p.push(
+            `${before.section}.podAnnotations.${key} is ${JSON.stringify(before.value)} but ${section}.podAnnotations.${key} is ${JSON.stringify(value)}: both go on the pods of ${w.name} (callplane's API serves the API, API keys and secret store in one service). Give the key one value, or set it in one place`,
+          );
+        else seen.set(key, { section, value });
+      }
+    }
+  }
+  return p;
 }
 
 /** Private address ranges (RFC 1918): the proxy's pod networks when the file leaves them unset. */
@@ -197,12 +240,18 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     compute: portOf("compute.listen", config.compute.listen),
   };
 
+  p.push(...annotationConflicts(config));
+
   const db = config.api.database;
   if (db.driver === "sqlite" && config.api.replicaCount > 1) {
     p.push(
-      `api.replicaCount is ${config.api.replicaCount} with api.database.driver sqlite: SQLite is one file that one API process writes, and API replicas in other pods cannot share it. Set api.database.driver to postgres (with api.database.url), or api.replicaCount to 1`,
+      `api.replicaCount is ${config.api.replicaCount} with api.database.driver sqlite: SQLite is one file that one API process writes, and API replicas in other pods cannot share it. Set api.database.driver to postgres (its URL goes in the Secret callplane-database), or api.replicaCount to 1`,
     );
   }
+  if (db.driver === "postgres" && rawAt(raw, "api.database.url"))
+    notes.push(
+      "api.database.url is set in the file but not rendered (it may hold a password, and a ConfigMap is not secret): the API's pods read it from the Secret callplane-database, key url",
+    );
 
   // URLs other pods and workers dial: loopback is this pod's own, so it reaches nobody else
   const urlKeys = [
@@ -270,7 +319,8 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     );
 
   const g = config.ingress.gatewayApi;
-  const sharedTunnel = config.grpcproxy.workerConnectBaseURL || config.global.workerEndpoints.grpcProxyWorkerConnectURL;
+  const sharedTunnel =
+    config.grpcproxy.workerConnectBaseURL || config.global.workerEndpoints.grpcProxyWorkerConnectURL;
   if (g.enabled && g.routes.grpcWorker.enabled && !sharedTunnel)
     p.push(
       `ingress.gatewayApi.routes.grpcWorker.enabled is true but neither grpcproxy.workerConnectBaseURL nor global.workerEndpoints.grpcProxyWorkerConnectURL is set: grpc-proxy replicas would keep handing workers their pod addresses, and nothing would use the ${g.routes.grpcWorker.listenerName} listener. Set grpcproxy.workerConnectBaseURL to the address workers reach it at (for example http://grpc.${g.domain}:10086), or turn the route off`,

@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 import { parse as parseYaml } from "yaml";
 import { writeFileAtomic } from "../lib/auth.js";
 import { loadConfig } from "../lib/config.js";
-import type { RawDocument } from "./cluster-config.js";
+import { rawAt, type RawDocument } from "./cluster-config.js";
 import { RenderError, renderControlPlane, type RenderResult } from "./render.js";
 import { HEADER, fileText, validateFiles } from "./validate.js";
 
@@ -20,13 +20,25 @@ export function callplaneVersion(): string {
 }
 
 /**
- * Renders an environment file. It is read as `npm start` reads it, except that CALLPLANE__
- * overrides in this shell's environment do not apply: the manifests follow from the file alone.
+ * What the API's pods find in their environment and the file does not say: with PostgreSQL, the
+ * database URL comes from the Secret callplane-database (CALLPLANE__API__DATABASE__URL), so a file
+ * that leaves api.database.url empty is checked as the pods will check it.
+ */
+export const POD_DATABASE_URL = "postgres://from-the-secret@database/callplane";
+
+/**
+ * Renders an environment file. It is read as `npm start` reads it, with the same rules, except that
+ * CALLPLANE__ overrides in this shell's environment do not apply (the manifests follow from the file
+ * alone) and api.database.url may be left to the Secret.
  */
 export function renderFile(file: string, opts: { version?: string } = {}): RenderResult {
-  const config = loadConfig({ file, env: {} });
   const parsed = parseYaml(readFileSync(file, "utf8")) as unknown;
   const raw = (parsed && typeof parsed === "object" ? parsed : {}) as RawDocument;
+  const urlFromSecret = rawAt(raw, "api.database.driver") === "postgres" && !rawAt(raw, "api.database.url");
+  const config = loadConfig({
+    file,
+    env: urlFromSecret ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL } : {},
+  });
   const source = basename(file);
   const result = renderControlPlane({ config, raw, version: opts.version ?? callplaneVersion(), source });
   const problems = validateFiles(result.files);
@@ -42,7 +54,7 @@ export function renderFile(file: string, opts: { version?: string } = {}): Rende
   const text = (doc.toJSON() as { data: Record<string, string> }).data["callplane.yaml"];
   const podEnv: NodeJS.ProcessEnv =
     config.api.database.driver === "postgres"
-      ? { CALLPLANE__API__DATABASE__URL: "postgres://from-the-secret@database/callplane" }
+      ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL }
       : {};
   try {
     loadConfig({ overrides: parseYaml(text) as RawDocument, env: podEnv, cwd: "/" });
@@ -73,7 +85,8 @@ export function writeRendered(result: RenderResult, dir: string, source: string)
     for (const e of readdirSync(dir, { withFileTypes: true })) {
       if (wanted.has(e.name)) continue;
       const p = join(dir, e.name);
-      if (e.isFile() && /\.ya?ml$/.test(e.name) && readFileSync(p, "utf8").startsWith(HEADER)) stale.push(e.name);
+      if (e.isFile() && /\.ya?ml$/.test(e.name) && readFileSync(p, "utf8").startsWith(HEADER))
+        stale.push(e.name);
       else foreign.push(e.name);
     }
     if (foreign.length)

@@ -30,7 +30,7 @@ import { stringify } from "yaml";
 import { SERVICE_SCOPES, type ServiceName } from "../lib/auth.js";
 import type { Config } from "../lib/config.js";
 import { KEY_FILES, SERVICE_ROLES, type NatsServiceRole } from "../lib/nats-auth.js";
-import { planCluster, type ClusterPlan, type RawDocument } from "./cluster-config.js";
+import { planCluster, podAnnotationsOf, type ClusterPlan, type RawDocument } from "./cluster-config.js";
 import {
   APP_DIR,
   GATEWAY,
@@ -228,10 +228,17 @@ class Renderer {
     };
   }
 
+  /**
+   * A front door's terminationGracePeriodSeconds: its drain delay (readiness already failing, work
+   * still taken, while endpoints and balancers let go of the pod), then the grace its in-flight work
+   * gets, then 10 s of margin before the kubelet's SIGKILL.
+   */
+  private stopSeconds(drainDelaySeconds: number, shutdownGraceSeconds: number): number {
+    return Math.ceil(drainDelaySeconds + shutdownGraceSeconds) + 10;
+  }
+
   private podAnnotations(w: Workload, extra: Record<string, string> = {}): Record<string, string> {
-    const own = (this.c as unknown as Record<string, { podAnnotations?: Record<string, string> }>)[w.section]
-      ?.podAnnotations;
-    return { ...(own ?? {}), ...extra, "checksum/config": this.configHash };
+    return { ...podAnnotationsOf(this.c, w), ...extra, "checksum/config": this.configHash };
   }
 
   private resources(w: Workload) {
@@ -261,7 +268,10 @@ class Renderer {
     ];
   }
 
-  private readonly podIpEnv: IEnvVar = { name: "POD_IP", valueFrom: { fieldRef: { fieldPath: "status.podIP" } } };
+  private readonly podIpEnv: IEnvVar = {
+    name: "POD_IP",
+    valueFrom: { fieldRef: { fieldPath: "status.podIP" } },
+  };
 
   private baseVolumes(): { volumes: IVolume[]; mounts: IVolumeMount[] } {
     return {
@@ -385,7 +395,12 @@ class Renderer {
   private deployment(
     w: Workload,
     spec: IPodSpec,
-    opts: { replicas: number; autoscaled?: boolean; recreate?: boolean; annotations?: Record<string, string> },
+    opts: {
+      replicas: number;
+      autoscaled?: boolean;
+      recreate?: boolean;
+      annotations?: Record<string, string>;
+    },
   ): Deployment {
     return new Deployment({
       metadata: this.meta(w.name, w),
@@ -413,7 +428,11 @@ class Renderer {
     });
   }
 
-  private hpa(w: Workload, a: Config["invocation"]["autoscaling"], kind = "Deployment"): HorizontalPodAutoscaler {
+  private hpa(
+    w: Workload,
+    a: Config["invocation"]["autoscaling"],
+    kind = "Deployment",
+  ): HorizontalPodAutoscaler {
     return new HorizontalPodAutoscaler({
       metadata: this.meta(w.name, w),
       spec: {
@@ -554,9 +573,7 @@ class Renderer {
         how: "your stack CA (pki.caCertFile and pki.caKeyFile are set): kubectl create secret tls callplane-ca --cert <pki.caCertFile> --key <pki.caKeyFile>",
       });
     }
-    out.push(
-      new Issuer({ metadata: this.meta(ISSUERS.ca), spec: { ca: { secretName: TLS_SECRETS.ca } } }),
-    );
+    out.push(new Issuer({ metadata: this.meta(ISSUERS.ca), spec: { ca: { secretName: TLS_SECRETS.ca } } }));
     if (this.c.nats.server.enabled) {
       const hosts = [
         SERVICES.nats,
@@ -568,7 +585,9 @@ class Renderer {
       if (this.c.ingress.gatewayApi.enabled && this.c.ingress.gatewayApi.routes.nats.enabled)
         hosts.push(`nats.${this.c.ingress.gatewayApi.domain}`);
       // client auth too: the servers' routes verify each other with these certificates
-      out.push(this.certificate("nats-server", TLS_SECRETS.nats, hosts, { usages: ["server auth", "client auth"] }));
+      out.push(
+        this.certificate("nats-server", TLS_SECRETS.nats, hosts, { usages: ["server auth", "client auth"] }),
+      );
     }
     if (this.proxyOn) {
       const fr = this.c.workerCallbackProxy.tls.frontend;
@@ -688,7 +707,7 @@ class Renderer {
           metadata: {
             labels: this.labels(w),
             annotations: {
-              ...this.c.nats.podAnnotations,
+              ...podAnnotationsOf(this.c, w),
               "checksum/config": natsHash,
             },
           },
@@ -751,7 +770,12 @@ class Renderer {
       [
         this.container(w, {
           ports: [],
-          mounts: [...base.mounts, keys.mount, tokens.mount, { name: "stack-ca", mountPath: MOUNTS.ca, readOnly: true }],
+          mounts: [
+            ...base.mounts,
+            keys.mount,
+            tokens.mount,
+            { name: "stack-ca", mountPath: MOUNTS.ca, readOnly: true },
+          ],
         }),
       ],
       [...base.volumes, keys.volume, tokens.volume, this.caVolume()],
@@ -860,7 +884,12 @@ class Renderer {
     }
     const env: IEnvVar[] = [...mek.env];
     if (!sqlite) {
-      this.useSecret(SECRETS.database, ["url"], w.name, "the PostgreSQL URL, postgres://user:password@host:port/database");
+      this.useSecret(
+        SECRETS.database,
+        ["url"],
+        w.name,
+        "the PostgreSQL URL, postgres://user:password@host:port/database",
+      );
       env.push({
         name: "CALLPLANE__API__DATABASE__URL",
         valueFrom: { secretKeyRef: { name: SECRETS.database, key: "url" } },
@@ -889,7 +918,9 @@ class Renderer {
           metadata: this.meta(`${w.name}-db`, w),
           spec: {
             accessModes: ["ReadWriteOnce"],
-            ...(c.kubernetes.nats.storageClassName ? { storageClassName: c.kubernetes.nats.storageClassName } : {}),
+            ...(c.kubernetes.nats.storageClassName
+              ? { storageClassName: c.kubernetes.nats.storageClassName }
+              : {}),
             resources: { requests: { storage: "1Gi" } },
           },
         }),
@@ -958,7 +989,10 @@ class Renderer {
       w,
       [this.container(w, { ports: containerPorts, env, mounts, probePort: "http" })],
       volumes,
-      { graceSeconds: Math.ceil(c.invocation.shutdownGraceSeconds) + 10, spread: true },
+      {
+        graceSeconds: this.stopSeconds(c.invocation.drainDelaySeconds, c.invocation.shutdownGraceSeconds),
+        spread: true,
+      },
     );
     const svcPorts = containerPorts.map((p) => ({ name: p.name, port: p.containerPort }));
     return [
@@ -997,7 +1031,12 @@ class Renderer {
     }
     if (c.grpcproxy.tls.enabled) {
       volumes.push(this.tlsVolume("client-tls", SECRETS.grpcClientTls));
-      this.useSecret(SECRETS.grpcClientTls, ["tls.crt", "tls.key"], w.name, "the TLS certificate of grpc-proxy's client listener (a kubernetes.io/tls Secret you create)");
+      this.useSecret(
+        SECRETS.grpcClientTls,
+        ["tls.crt", "tls.key"],
+        w.name,
+        "the TLS certificate of grpc-proxy's client listener (a kubernetes.io/tls Secret you create)",
+      );
       mounts.push({ name: "client-tls", mountPath: MOUNTS.grpcClientTls, readOnly: true });
     }
     const spec = this.podSpec(
@@ -1005,7 +1044,10 @@ class Renderer {
       // /health is on the CONNECT listener
       [this.container(w, { ports: containerPorts, env, mounts, probePort: "connect" })],
       volumes,
-      { graceSeconds: Math.ceil(c.grpcproxy.shutdownGraceSeconds) + 10, spread: true },
+      {
+        graceSeconds: this.stopSeconds(c.grpcproxy.drainDelaySeconds, c.grpcproxy.shutdownGraceSeconds),
+        spread: true,
+      },
     );
     return [
       this.serviceAccount(w),
@@ -1032,7 +1074,12 @@ class Renderer {
     const fr = p.tls.frontend;
     const frontendSecret = fr.existingSecret || TLS_SECRETS.proxyFrontend;
     if (fr.existingSecret)
-      this.useSecret(fr.existingSecret, ["tls.crt", "tls.key"], w.name, "your certificate for *.<workerDomain> (workerCallbackProxy.tls.frontend.existingSecret, a kubernetes.io/tls Secret)");
+      this.useSecret(
+        fr.existingSecret,
+        ["tls.crt", "tls.key"],
+        w.name,
+        "your certificate for *.<workerDomain> (workerCallbackProxy.tls.frontend.existingSecret, a kubernetes.io/tls Secret)",
+      );
     const frontendPath = this.plan.frontendFromStackCa ? MOUNTS.proxyFrontend : MOUNTS.proxyFrontendOwn;
     const spec = this.podSpec(
       w,
@@ -1051,7 +1098,7 @@ class Renderer {
         }),
       ],
       [...base.volumes, this.caVolume(), this.tlsVolume("frontend-tls", frontendSecret)],
-      { graceSeconds: 60, spread: true },
+      { graceSeconds: this.stopSeconds(p.drainDelaySeconds, p.shutdownGraceSeconds), spread: true },
     );
     return [
       this.serviceAccount(w),
@@ -1091,7 +1138,11 @@ class Renderer {
     const role = new Role({
       metadata: this.meta(w.name, w, this.workerNs),
       rules: [
-        { apiGroups: [""], resources: ["pods"], verbs: ["get", "list", "watch", "create", "delete", "patch"] },
+        {
+          apiGroups: [""],
+          resources: ["pods"],
+          verbs: ["get", "list", "watch", "create", "delete", "patch"],
+        },
         { apiGroups: [""], resources: ["pods/log"], verbs: ["get"] },
         {
           apiGroups: [""],
@@ -1138,7 +1189,12 @@ class Renderer {
         allowedRoutes: { namespaces: { from: "Same" } },
       },
     ];
-    this.useSecret(g.tls.secretName, ["tls.crt", "tls.key"], `Gateway ${GATEWAY}`, `the edge's certificate for *.${g.domain} (ingress.gatewayApi.tls.secretName)`);
+    this.useSecret(
+      g.tls.secretName,
+      ["tls.crt", "tls.key"],
+      `Gateway ${GATEWAY}`,
+      `the edge's certificate for *.${g.domain} (ingress.gatewayApi.tls.secretName)`,
+    );
     const routes: K8sObject[] = [];
     const parent = (sectionName: string) => [{ name: GATEWAY, sectionName }];
     routes.push(
@@ -1146,7 +1202,9 @@ class Renderer {
         metadata: this.meta("https-redirect"),
         spec: {
           parentRefs: parent("http"),
-          rules: [{ filters: [{ type: "RequestRedirect", requestRedirect: { scheme: "https", statusCode: 301 } }] }],
+          rules: [
+            { filters: [{ type: "RequestRedirect", requestRedirect: { scheme: "https", statusCode: 301 } }] },
+          ],
         },
       }),
       new HTTPRoute({
@@ -1190,11 +1248,19 @@ class Renderer {
         }),
       );
     if (this.grpcOn) {
-      listeners.push({ name: "grpc", protocol: "TCP", port: ports.grpc, allowedRoutes: { namespaces: { from: "Same" } } });
+      listeners.push({
+        name: "grpc",
+        protocol: "TCP",
+        port: ports.grpc,
+        allowedRoutes: { namespaces: { from: "Same" } },
+      });
       routes.push(
         new TCPRoute({
           metadata: this.meta("grpc-proxy", WORKLOADS.grpc),
-          spec: { parentRefs: parent("grpc"), rules: [{ backendRefs: [{ name: SERVICES.grpc, port: ports.grpc }] }] },
+          spec: {
+            parentRefs: parent("grpc"),
+            rules: [{ backendRefs: [{ name: SERVICES.grpc, port: ports.grpc }] }],
+          },
         }),
       );
       if (g.routes.grpcWorker.enabled) {
@@ -1238,7 +1304,12 @@ class Renderer {
       );
     }
     if (c.nats.server.enabled && g.routes.nats.enabled) {
-      listeners.push({ name: "nats", protocol: "TCP", port: NATS_PORTS.client, allowedRoutes: { namespaces: { from: "Same" } } });
+      listeners.push({
+        name: "nats",
+        protocol: "TCP",
+        port: NATS_PORTS.client,
+        allowedRoutes: { namespaces: { from: "Same" } },
+      });
       routes.push(
         new TCPRoute({
           metadata: this.meta("nats", WORKLOADS.nats),
@@ -1250,7 +1321,10 @@ class Renderer {
       );
     }
     return [
-      new Gateway({ metadata: this.meta(GATEWAY), spec: { gatewayClassName: g.gatewayClassName, listeners } }),
+      new Gateway({
+        metadata: this.meta(GATEWAY),
+        spec: { gatewayClassName: g.gatewayClassName, listeners },
+      }),
       ...routes,
     ];
   }
@@ -1279,7 +1353,8 @@ class Renderer {
         ],
       },
     ];
-    if (this.c.nats.server.enabled) egress.push({ to: [inNs(WORKLOADS.nats)], ports: [tcp(NATS_PORTS.client)] });
+    if (this.c.nats.server.enabled)
+      egress.push({ to: [inNs(WORKLOADS.nats)], ports: [tcp(NATS_PORTS.client)] });
     if (this.proxyOn) {
       egress.push({ to: [inNs(WORKLOADS.proxy)], ports: [tcp(this.plan.ports.proxy)] });
     } else {

@@ -28,12 +28,16 @@ export function objectProblems(o: K8sObject): string[] {
   const name = o.metadata?.name;
   if (!name) p.push(`${describeObject(o)}: no metadata.name`);
   else if (!(LABEL_NAMED.has(o.kind) ? DNS_LABEL : DNS_SUBDOMAIN).test(name))
-    p.push(`${describeObject(o)}: the name is not a valid ${LABEL_NAMED.has(o.kind) ? "DNS label" : "DNS subdomain"}`);
+    p.push(
+      `${describeObject(o)}: the name is not a valid ${LABEL_NAMED.has(o.kind) ? "DNS label" : "DNS subdomain"}`,
+    );
   const ns = o.metadata?.namespace;
-  if (ns !== undefined && !DNS_LABEL.test(ns)) p.push(`${describeObject(o)}: the namespace is not a DNS label`);
+  if (ns !== undefined && !DNS_LABEL.test(ns))
+    p.push(`${describeObject(o)}: the namespace is not a DNS label`);
   const labels = (o.toJSON() as { metadata?: { labels?: Record<string, string> } }).metadata?.labels ?? {};
   for (const [k, v] of Object.entries(labels))
-    if (!LABEL_VALUE.test(v)) p.push(`${describeObject(o)}: the label ${k} has the invalid value ${JSON.stringify(v)}`);
+    if (!LABEL_VALUE.test(v))
+      p.push(`${describeObject(o)}: the label ${k} has the invalid value ${JSON.stringify(v)}`);
   return p;
 }
 

@@ -130,7 +130,10 @@ const autoscaling = () =>
   });
 const k8sName = z
   .string()
-  .regex(/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/, "must be a Kubernetes name: lower-case letters, digits and dashes, at most 63");
+  .regex(
+    /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
+    "must be a Kubernetes name: lower-case letters, digits and dashes, at most 63",
+  );
 
 export const configSchema = z.strictObject({
   global: section({

@@ -87,7 +87,10 @@ folder private, and out of version control.`,
           made.push({ secret: SECRETS.mek, folder: dir(SECRETS.mek) });
         }
       } catch (err) {
-        throw new CliError(`cannot write the credentials into ${opts.out}: ${(err as Error).message}`, "WRITE_FAILED");
+        throw new CliError(
+          `cannot write the credentials into ${opts.out}: ${(err as Error).message}`,
+          "WRITE_FAILED",
+        );
       }
       const commands = made.map(
         (m) => `kubectl create secret generic ${m.secret} -n ${ns} --from-file=${m.folder}/`,

@@ -66,7 +66,10 @@ into its own nats-server configuration.`,
       try {
         text = natsServerAuthConfig(opts.credentialsDir, opts.region);
       } catch (err) {
-        throw new CliError(`cannot build the NATS auth configuration: ${(err as Error).message}`, "NATS_KEYS");
+        throw new CliError(
+          `cannot build the NATS auth configuration: ${(err as Error).message}`,
+          "NATS_KEYS",
+        );
       }
       try {
         writeFileAtomic(opts.out, `${text}\n`, 0o600);

@@ -65,11 +65,17 @@ Then: kubectl apply -f <dir>   (the walk-through: docs/kubernetes.md)`,
       );
       printTable(
         ["file", "objects"],
-        result.files.map((f) => [f.name, f.objects.map((o) => `${o.kind}/${o.metadata?.name ?? ""}`).join(" ")]),
+        result.files.map((f) => [
+          f.name,
+          f.objects.map((o) => `${o.kind}/${o.metadata?.name ?? ""}`).join(" "),
+        ]),
       );
-      for (const r of outcome.removed) console.log(`removed ${r} (a previous render's; nothing renders it now)`);
+      for (const r of outcome.removed)
+        console.log(`removed ${r} (a previous render's; nothing renders it now)`);
       console.log("");
-      console.log("Secrets to create first (never rendered; `callplane credentials generate` makes the callplane-* ones):");
+      console.log(
+        "Secrets to create first (never rendered; `callplane credentials generate` makes the callplane-* ones):",
+      );
       printTable(
         ["secret", "keys", "used by"],
         result.secrets.map((x) => [x.name, x.keys.join(","), x.usedBy.join(",")]),
