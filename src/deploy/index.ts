@@ -53,9 +53,7 @@ export function renderFile(file: string, opts: { version?: string } = {}): Rende
     .find((o) => o.kind === "ConfigMap" && o.metadata?.name === "callplane-config")!;
   const text = (doc.toJSON() as { data: Record<string, string> }).data["callplane.yaml"];
   const podEnv: NodeJS.ProcessEnv =
-    config.api.database.driver === "postgres"
-      ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL }
-      : {};
+    config.api.database.driver === "postgres" ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL } : {};
   try {
     loadConfig({ overrides: parseYaml(text) as RawDocument, env: podEnv, cwd: "/" });
   } catch (err) {
