@@ -416,3 +416,23 @@ void test("bin/callplane render: writes YAML files, and exits non-zero with the 
   assert.notEqual(refusedK8s.code, 0);
   assert.match(refusedK8s.stderr, /api\.replicaCount/);
 });
+
+void test("bin/callplane credentials generate writes a folder for every callplane-* Secret the manifests mount", async (t) => {
+  const dir = tmpDir(t, "callplane-credentials-");
+  const r = await runCli(["credentials", "generate", "-f", join(examplesDir, "split-plane.yaml"), "-o", dir]);
+  assert.equal(r.code, 0, r.stderr);
+  const rendered = renderExample("split-plane");
+  for (const s of rendered.secrets.filter(
+    (x) =>
+      x.name.startsWith("callplane-") &&
+      x.name !== "callplane-database" &&
+      x.name !== "callplane-gateway-tls",
+  )) {
+    const have = readdirSync(join(dir, s.name));
+    for (const k of s.keys) assert.ok(have.includes(k), `${s.name}/${k}`);
+  }
+  assert.match(r.stdout, /kubectl create secret generic callplane-database -n nvcf/);
+  // the stack's admin signing key stays with the operator: the cluster gets its public key only
+  assert.ok(readdirSync(join(dir, "private")).includes("admin-signing.key.pem"));
+  assert.ok(!readdirSync(join(dir, "callplane-admin-key")).some((f) => f.includes(".key.")));
+});

@@ -5,7 +5,7 @@ import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parse as parseYaml } from "yaml";
 import { writeFileAtomic } from "../lib/auth.js";
-import { loadConfig } from "../lib/config.js";
+import { loadConfig, type Config } from "../lib/config.js";
 import { rawAt, type RawDocument } from "./cluster-config.js";
 import { RenderError, renderControlPlane, type RenderResult } from "./render.js";
 import { HEADER, fileText, validateFiles } from "./validate.js";
@@ -27,11 +27,11 @@ export function callplaneVersion(): string {
 export const POD_DATABASE_URL = "postgres://from-the-secret@database/callplane";
 
 /**
- * Renders an environment file. It is read as `npm start` reads it, with the same rules, except that
- * CALLPLANE__ overrides in this shell's environment do not apply (the manifests follow from the file
- * alone) and api.database.url may be left to the Secret.
+ * Loads an environment file as the cluster's pods will: with the config loader's every rule, no
+ * CALLPLANE__ overrides from this shell (the manifests follow from the file alone), and
+ * api.database.url left to the Secret when the file leaves it empty.
  */
-export function renderFile(file: string, opts: { version?: string } = {}): RenderResult {
+export function loadForCluster(file: string): { config: Config; raw: RawDocument } {
   const parsed = parseYaml(readFileSync(file, "utf8")) as unknown;
   const raw = (parsed && typeof parsed === "object" ? parsed : {}) as RawDocument;
   const urlFromSecret = rawAt(raw, "api.database.driver") === "postgres" && !rawAt(raw, "api.database.url");
@@ -39,6 +39,12 @@ export function renderFile(file: string, opts: { version?: string } = {}): Rende
     file,
     env: urlFromSecret ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL } : {},
   });
+  return { config, raw };
+}
+
+/** Renders an environment file, read by loadForCluster, and checks every object it renders. */
+export function renderFile(file: string, opts: { version?: string } = {}): RenderResult {
+  const { config, raw } = loadForCluster(file);
   const source = basename(file);
   const result = renderControlPlane({ config, raw, version: opts.version ?? callplaneVersion(), source });
   const problems = validateFiles(result.files);

@@ -1,6 +1,7 @@
 // Every rendered object is checked against the schema its models package carries (the Kubernetes
-// 1.33 OpenAPI for kubernetes-models 4.5, the Gateway API v1.0 CRDs for @kubernetes-models/
-// gateway-api 0.5, the cert-manager CRDs for @kubernetes-models/cert-manager 4.4): types, required
+// API schema of kubernetes-models 4.5, which has the fields of Kubernetes 1.30; the Gateway API
+// v1.0 CRDs of @kubernetes-models/gateway-api 0.5; the cert-manager CRDs of
+// @kubernetes-models/cert-manager 4.4): types, required
 // fields, enums, patterns and ranges. Those schemas let unknown fields through (the typed models
 // refuse them at compile time instead) and do not check object names, so names are checked here.
 import { stringify } from "yaml";

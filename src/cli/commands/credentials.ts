@@ -6,11 +6,12 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
 import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../../lib/auth.js";
-import { ConfigError, loadConfig } from "../../lib/config.js";
+import { ConfigError } from "../../lib/config.js";
 import { ensureNatsKeys } from "../../lib/nats-auth.js";
 import { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/mek.js";
 import { ensureIdentityKey } from "../../lib/worker-identity.js";
 import { clusterNames } from "../../deploy/cluster-config.js";
+import { loadForCluster } from "../../deploy/index.js";
 import { SECRETS } from "../../deploy/layout.js";
 import { CliError } from "../errors.js";
 import { printJson } from "../output.js";
@@ -40,7 +41,7 @@ folder private, and out of version control.`,
       const s = settingsFor(cmd);
       let config;
       try {
-        config = loadConfig({ file: opts.file, env: {} });
+        config = loadForCluster(opts.file).config;
       } catch (err) {
         if (err instanceof ConfigError) throw new CliError(err.message, "CONFIG");
         throw err;
