@@ -285,6 +285,25 @@ void test("reserved, malformed and non-string annotations are refused by key", (
 
 // ---------------------------------------------------------------- the edge
 
+void test("nothing inside the cluster reaches the admin issuer; with its route on, the Gateway's namespace may", (t) => {
+  type Policy = { ingress: Array<{ from: Array<{ namespaceSelector: { matchExpressions: unknown[] } }> }> };
+  const routed = find(renderDoc(t, {}), "NetworkPolicy", "admin-token-issuer-proxy-ingress").spec as Policy;
+  assert.equal(routed.ingress.length, 1);
+  assert.deepEqual(routed.ingress[0].from[0].namespaceSelector.matchExpressions, [
+    { key: "kubernetes.io/metadata.name", operator: "NotIn", values: ["nvcf", "callplane-workers"] },
+  ]);
+  const split = find(renderExample("split-plane"), "NetworkPolicy", "admin-token-issuer-proxy-ingress")
+    .spec as Policy;
+  assert.deepEqual(split.ingress, [], "no route: no one");
+  assert.ok(
+    !has(
+      renderDoc(t, { adminIssuerProxy: { enabled: false } }),
+      "NetworkPolicy",
+      "admin-token-issuer-proxy-ingress",
+    ),
+  );
+});
+
 void test("the admin issuer's route exists only with adminIssuerProxy.gateway.enabled (and the issuer on)", (t) => {
   assert.ok(has(renderDoc(t, {}), "HTTPRoute", "admin-token-issuer-proxy"));
   const split = renderExample("split-plane");

@@ -1361,11 +1361,50 @@ class Renderer {
       egress.push({ to: [inNs(WORKLOADS.invocation)], ports: [tcp(this.plan.ports.invocation)] });
       if (this.grpcOn) egress.push({ to: [inNs(WORKLOADS.grpc)], ports: [tcp(this.plan.ports.grpcConnect)] });
     }
-    return [
+    const out: K8sObject[] = [
       new NetworkPolicy({
         metadata: this.meta("callplane-workers-egress", undefined, this.workerNs),
         spec: { podSelector: {}, policyTypes: ["Egress"], egress },
       }),
     ];
+    const c = this.c;
+    if (c.adminIssuerProxy.enabled) {
+      // The issuer hands an admin token to whoever reaches it. Nothing in the control plane's or
+      // the workers' namespace may (function instances run in the compute agent's pod); with its
+      // route on, the Gateway's proxies (in their own namespace) may. kubectl port-forward still
+      // reaches it: that goes through the kubelet, not the pod network.
+      const w = WORKLOADS.issuer;
+      const routed = c.ingress.gatewayApi.enabled && c.adminIssuerProxy.gateway.enabled;
+      out.push(
+        new NetworkPolicy({
+          metadata: this.meta(`${w.name}-ingress`, w),
+          spec: {
+            podSelector: { matchLabels: this.selector(w) },
+            policyTypes: ["Ingress"],
+            ingress: routed
+              ? [
+                  {
+                    from: [
+                      {
+                        namespaceSelector: {
+                          matchExpressions: [
+                            {
+                              key: "kubernetes.io/metadata.name",
+                              operator: "NotIn",
+                              values: [this.ns, this.workerNs],
+                            },
+                          ],
+                        },
+                      },
+                    ],
+                    ports: [tcp(this.plan.ports.issuer)],
+                  },
+                ]
+              : [],
+          },
+        }),
+      );
+    }
+    return out;
   }
 }
