@@ -5,12 +5,15 @@
 //
 //   UPDATE_GOLDEN=1 node --test dist/test/render.test.js
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { stringify } from "yaml";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { ConfigError } from "../src/lib/config.js";
+import { natsServerBinary } from "../src/lib/nats-server.js";
+import { createCa, issueServerCert } from "../src/lib/pki.js";
 import { RenderError, renderFile, writeRendered } from "../src/deploy/index.js";
 import type { K8sObject, RenderResult } from "../src/deploy/render.js";
 import { fileText, objectProblems, validateFiles } from "../src/deploy/validate.js";
@@ -454,4 +457,55 @@ void test("bin/callplane credentials generate writes a folder for every callplan
   // the stack's admin signing key stays with the operator: the cluster gets its public key only
   assert.ok(readdirSync(join(dir, "private")).includes("admin-signing.key.pem"));
   assert.ok(!readdirSync(join(dir, "callplane-admin-key")).some((f) => f.includes(".key.")));
+});
+
+void test("the rendered nats.conf, with the auth block its init container writes, passes nats-server -t", async (t) => {
+  const dir = tmpDir(t, "callplane-render-nats-");
+  const r = renderExample("split-plane");
+  const conf = (find(r, "ConfigMap", "nats-config") as unknown as { data: Record<string, string> }).data[
+    "nats.conf"
+  ];
+  // the pod's mounts, moved into the folder: config/, auth/ (beside it, as ../auth), tls/, data, run
+  for (const d of ["config", "auth", "tls", "data", "run"]) mkdirSync(join(dir, d));
+  const local = conf
+    .replaceAll("/etc/nats/tls/", `${join(dir, "tls")}/`)
+    .replaceAll('"/data/', `"${join(dir, "data")}/`)
+    .replaceAll("/var/run/nats/", `${join(dir, "run")}/`);
+  assert.doesNotMatch(local, /"\/(etc|data|var)\//, "every pod path was moved");
+  writeFileSync(join(dir, "config", "nats.conf"), local);
+  // the init container's command, on keys from credentials generate
+  const creds = join(dir, "creds");
+  const gen = await runCli([
+    "credentials",
+    "generate",
+    "-f",
+    join(examplesDir, "split-plane.yaml"),
+    "-o",
+    creds,
+  ]);
+  assert.equal(gen.code, 0, gen.stderr);
+  const auth = await runCli([
+    "nats",
+    "auth-config",
+    "--credentials-dir",
+    join(creds, "callplane-nats-keys"),
+    "--region",
+    "us-west-2",
+    "--out",
+    join(dir, "auth", "auth.conf"),
+  ]);
+  assert.equal(auth.code, 0, auth.stderr);
+  const authConf = readFileSync(join(dir, "auth", "auth.conf"), "utf8");
+  assert.match(authConf, /auth_callout/);
+  assert.doesNotMatch(authConf, /\bSU[A-Z2-7]{20,}/, "no seed in the server's configuration");
+  const ca = await createCa();
+  const cert = await issueServerCert(ca, ["nats.nvcf.svc.cluster.local"]);
+  writeFileSync(join(dir, "tls", "tls.crt"), cert.certPem);
+  writeFileSync(join(dir, "tls", "tls.key"), cert.keyPem);
+  writeFileSync(join(dir, "tls", "ca.crt"), ca.certPem);
+  const check = spawnSync(natsServerBinary(), ["-t", "-c", join(dir, "config", "nats.conf")], {
+    encoding: "utf8",
+    env: { ...process.env, POD_NAME: "nats-0" },
+  });
+  assert.equal(check.status, 0, `nats-server -t: ${check.stdout}${check.stderr}`);
 });
