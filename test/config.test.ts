@@ -5,11 +5,15 @@
 // fields involved, since that is what an operator reads.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ConfigError, loadConfig, localPodNetworkProblems, type ConfigInput } from "../src/lib/config.js";
+import { POD_DATABASE_URL } from "../src/deploy/index.js";
 import { distRoot, tmpDir } from "./testkit/index.js";
+
+// compiled to dist/test/, so the repository root is two levels up
+const EXAMPLES_DIR = join(import.meta.dirname, "..", "..", "examples");
 
 /** Loads with no file and no process environment (only what the test gives). */
 function load(overrides: ConfigInput = {}, env: NodeJS.ProcessEnv = {}) {
@@ -390,4 +394,28 @@ test("the local stack's pod networks must lie inside the proxy's, naming both ke
     ),
     [],
   );
+});
+
+test("the example environment files load with the config loader (as the pods read them); one-machine passes the local stack's rule too", () => {
+  const files = readdirSync(EXAMPLES_DIR).filter((f) => f.endsWith(".yaml"));
+  for (const e of ["one-machine", "split-plane"])
+    assert.ok(files.includes(`${e}.yaml`), `examples/${e}.yaml`);
+  for (const f of files) {
+    const text = readFileSync(join(EXAMPLES_DIR, f), "utf8");
+    // a PostgreSQL URL is never in the file: the API's pods get it from a Secret, as an override
+    const env = /driver: postgres/.test(text) ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL } : {};
+    assert.doesNotThrow(() => loadConfig({ file: join(EXAMPLES_DIR, f), env, cwd: "/tmp" }), f);
+  }
+  const split = loadConfig({
+    file: join(EXAMPLES_DIR, "split-plane.yaml"),
+    env: { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL },
+    cwd: "/tmp",
+  });
+  assert.equal(split.workerCallbackProxy.enabled, true);
+  assert.equal(split.invocation.replicaCount, 3);
+  assert.equal(split.grpcproxy.replicaCount, 3);
+  assert.equal(split.workerCallbackProxy.replicaCount, 3);
+  // npm start -- --config examples/one-machine.yaml: nothing the local stack adds refuses it
+  const one = loadConfig({ file: join(EXAMPLES_DIR, "one-machine.yaml"), env: {}, cwd: "/tmp" });
+  assert.deepEqual(localPodNetworkProblems(one), []);
 });
