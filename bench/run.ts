@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchGrpc } from "./grpc.js";
 import { benchInvoke } from "./invoke.js";
+import { benchPending } from "./pending.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
 import { benchSecrets } from "./secrets.js";
 import { benchStream } from "./stream.js";
@@ -160,6 +161,19 @@ async function main(): Promise<void> {
       );
     }
     console.log(`  ratios: ${JSON.stringify(result.ratios)}`);
+  } else if (which === "pending") {
+    const checkpoints = (process.argv[process.argv.indexOf("--checkpoints") + 1] ?? "1000").split(",").map(Number);
+    result = await benchPending({
+      checkpoints,
+      perProcess: flag("per-process", 15000),
+      concurrency: flag("concurrency", 1024),
+      pollSeconds: flag("poll-seconds", 900),
+      inflight: flag("inflight", 200),
+      settleSeconds: flag("settle", 5),
+      rampTimeoutSeconds: flag("ramp-timeout", 600),
+      memoryFloorMiB: flag("memory-floor-mib", 6144),
+    });
+    console.log(JSON.stringify(result, null, 2));
   } else if (which === "secrets") {
     result = await benchSecrets({
       iterations: flag("iterations", 2000),
