@@ -14,6 +14,8 @@
 //                         ?name=N adds that one secret's value; ?env=N says whether $N is set and
 //                         its digest
 //   ANY /hang             never answers; /stats counts how many such calls were abandoned
+//   ANY /stall            answers its head and 1 KiB of body, then never sends more (a stalled server)
+//   ANY /reset            answers its head and 64 KiB of body, then resets the connection
 //   ANY /once-hang?key=k  the first call with a key never answers; later calls echo (redelivery tests)
 //   GET /health, /v2/health/ready
 // It listens on INFERENCE_HOST:INFERENCE_PORT (default 127.0.0.1:8000) or --listen host:port.
@@ -222,6 +224,20 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     }
     res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
     req.pipe(res);
+    return;
+  }
+  if (path === "/stall" || path === "/reset") {
+    req.resume();
+    res.writeHead(200, { "content-type": "application/octet-stream" });
+    res.write(Buffer.alloc(path === "/stall" ? 1024 : 64 * 1024, "s"));
+    if (path === "/reset") setTimeout(() => res.socket?.resetAndDestroy(), 50);
+    else {
+      stats.hanging++;
+      res.once("close", () => {
+        stats.hanging--;
+        stats.abandoned++;
+      });
+    }
     return;
   }
   if (path === "/hang") {

@@ -331,7 +331,8 @@ export class LocalStack {
     // services first (they drain), nats-server last so that draining services can still use it
     const nats = this.children.filter((c) => c.spec.name === "nats-server");
     const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();
-    await Promise.all(rest.map((c) => c.stop(graceMs)));
+    // everything stops at once: no balancer to notice, no replica to take over, so no drain delay
+    await Promise.all(rest.map((c) => c.stop(graceMs, { drainDelay: false })));
     await Promise.all(nats.map((c) => c.stop(5000)));
     this.removeInstanceSecrets();
     rmSync(this.pidFile, { force: true });

@@ -45,6 +45,7 @@ runService(
         serviceDomain: config.global.serviceDomain,
         dataDir: config.global.dataDir,
         keepAliveSeconds: config.worker.keepAliveSeconds,
+        inferenceIdleSeconds: config.worker.inferenceIdleSeconds,
         ackWaitSeconds: config.nats.consumer.ackWaitSeconds,
         streamMaxMessages: config.nats.stream.maxMessages,
         streamMaxMessageBytes: config.nats.stream.maxMessageBytes,
