@@ -150,7 +150,9 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   writeFileSync(join(pki, "proxy", TLS_FILES.key), front.keyPem, { mode: 0o600 });
   const directIp = "127.0.1.2";
   // the first replica is 127.0.1.1, the others 127.0.1.11, .12, ...: each its own pod certificate
-  const replicaIps = Array.from({ length: o.replicas ?? 1 }, (_, i) => (i === 0 ? "127.0.1.1" : `127.0.1.${10 + i}`));
+  const replicaIps = Array.from({ length: o.replicas ?? 1 }, (_, i) =>
+    i === 0 ? "127.0.1.1" : `127.0.1.${10 + i}`,
+  );
   for (const ip of replicaIps) {
     const pod = await issueServerCert(ca, [`${ip.replaceAll(".", "-")}.invocation.${SERVICE_DOMAIN}`]);
     const podDir = invocationCertFolder(pki, ip);
@@ -241,7 +243,11 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   const replicaProcs: ChildProcess[] = [];
   for (const [i, ip] of replicaIps.entries())
     replicaProcs.push(
-      await service("invocation", { POD_IP: ip }, i === 0 ? "invocation-via-proxy" : `invocation-via-proxy-${i}`),
+      await service(
+        "invocation",
+        { POD_IP: ip },
+        i === 0 ? "invocation-via-proxy" : `invocation-via-proxy-${i}`,
+      ),
     );
   const viaProxy = replicaProcs[0];
   const direct = await service(
@@ -359,7 +365,10 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
           process.execPath,
           [join(dist, "src/services/worker/main.js")],
           {
-            NVCF_FQDN_NATS: `nats://127.0.0.1:${natsPort}`,
+            // NATS as the HTTP workers reach it: TLS from the stack CA, the workers' shared nkey
+            NVCF_FQDN_NATS: `tls://127.0.0.1:${natsPort}`,
+            NKEY_SEED: readWorkerSeed(credentialsDir),
+            NVCF_NATS_CA_FILE: join(pki, "ca.crt"),
             FUNCTION_ID: gfn.id,
             FUNCTION_VERSION_ID: gfn.versionId,
             INFERENCE_PORT: String(serverPort),
