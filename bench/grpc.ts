@@ -14,6 +14,7 @@ import { Echo, EchoMessageSchema, type EchoMessage } from "../src/gen/callplane/
 import { frameGrpcMessage } from "../src/lib/grpc.js";
 import { UNLIMITED_MESSAGES, grpcDefinition, rawUnary } from "../src/lib/grpc-def.js";
 import { startChain } from "./chain.js";
+import { requireTools } from "./tools.js";
 import { cpuMs, machine, median, medianOf } from "./harness.js";
 
 export interface GrpcBenchOptions {
@@ -147,6 +148,7 @@ async function streaming(
 }
 
 export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unknown>> {
+  requireTools("h2load");
   // every connection is a session holding a worker slot until it has been idle for 30 s: room for
   // all of them, over the three targets
   const sessions = 3 * (o.connections + 2);

@@ -3,10 +3,11 @@
 // test run as separate processes).
 import autocannon from "autocannon";
 import { Client } from "undici";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus, totalmem } from "node:os";
+import { ensureTool } from "./tools.js";
 
 export const procs: ChildProcess[] = [];
 
@@ -256,7 +257,8 @@ export function wrk(
   });
 }
 
-export const hasWrk = (): boolean => !spawnSync("wrk", ["-v"]).error;
+/** wrk is there (installed from Debian's package when missing and possible). */
+export const hasWrk = (): boolean => !(ensureTool("wrk") instanceof Error);
 
 /** A wrk script for one request shape. */
 export function wrkScript(

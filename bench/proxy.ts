@@ -9,6 +9,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createCa, issueServerCert } from "../src/lib/pki.js";
+import { requireTools } from "./tools.js";
 import { cpuMs, freePort, machine, median, medianOf, procs, start, wrk, type WrkResult } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
@@ -26,12 +27,7 @@ export interface ProxyBenchOptions {
 }
 
 export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, unknown>> {
-  if (spawnSync("wrk", ["-v"]).error)
-    throw new Error(
-      "the proxy benchmark needs wrk (apt-get install wrk) and haproxy (apt-get install haproxy)",
-    );
-  if (spawnSync("haproxy", ["-v"]).error)
-    throw new Error("the proxy benchmark needs haproxy (apt-get install haproxy)");
+  requireTools("wrk", "haproxy");
   const dir = mkdtempSync(join(tmpdir(), "callplane-bench-proxy-"));
   try {
     const ca = await createCa("bench CA");

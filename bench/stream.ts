@@ -9,6 +9,7 @@ import { spawn } from "node:child_process";
 import { closeSync, openSync, ftruncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { startChain } from "./chain.js";
+import { requireTools } from "./tools.js";
 import { cpuMs, machine, median, resetPeak, rssKiB } from "./harness.js";
 
 export interface StreamBenchOptions {
@@ -93,6 +94,7 @@ export async function withFootprint<T>(
 }
 
 export async function benchStream(o: StreamBenchOptions): Promise<Record<string, unknown>> {
+  requireTools("curl");
   const chain = await startChain({ workers: 1, concurrency: 8 });
   try {
     const file = join(chain.dir, "body.bin");
