@@ -120,7 +120,8 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
     const baseline = new Map<number, number>();
     const settleBaseline = async () => {
       await sleep(o.settleSeconds * 1000);
-      for (const ps of Object.values(roles())) for (const p of ps) if (!baseline.has(p)) baseline.set(p, rssKiB(p));
+      for (const ps of Object.values(roles()))
+        for (const p of ps) if (!baseline.has(p)) baseline.set(p, rssKiB(p));
     };
     const byRole = (f: (pid: number) => number) =>
       Object.fromEntries(Object.entries(roles()).map(([k, ps]) => [k, ps.reduce((s, p) => s + f(p), 0)]));
@@ -237,7 +238,10 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
         allInKiBPerPending: per(holders, rss),
         cpuMsPerSecond,
         cpuUsPerSecondPerPending: Object.fromEntries(
-          Object.entries(cpuMsPerSecond).map(([k, v]) => [k, Math.round((v * 1000 * 10) / Math.max(1, held)) / 10]),
+          Object.entries(cpuMsPerSecond).map(([k, v]) => [
+            k,
+            Math.round((v * 1000 * 10) / Math.max(1, held)) / 10,
+          ]),
         ),
         memAvailableMiB: Math.round(memAvailableMiB()),
         errors: sum((c) => c.errors),
