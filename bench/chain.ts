@@ -3,7 +3,7 @@
 // the same function: one whose workers call back through the callback proxy (TLS to the proxy, TLS
 // from the proxy to the replica's worker listener: the path `npm start` sets up) and one whose
 // workers call the replica's plain pod address (the in-cluster path). Both are measured in one run.
-import { chmodSync, chownSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import type { ChildProcess } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,7 +18,7 @@ import {
   invocationCertFolder,
   issueServerCert,
 } from "../src/lib/pki.js";
-import { freePort, start, waitHttp } from "./harness.js";
+import { freePort, removeLater, start, waitHttp } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const WORKER_DOMAIN = "worker.callplane.test";
@@ -428,7 +428,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     },
     close() {
       if (process.env.CALLPLANE_BENCH_KEEP) console.log(`  kept ${dir}`);
-      else rmSync(dir, { recursive: true, force: true });
+      else removeLater(dir);
     },
   };
 }

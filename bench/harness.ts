@@ -4,12 +4,25 @@
 import autocannon from "autocannon";
 import { Client } from "undici";
 import { spawn, type ChildProcess } from "node:child_process";
-import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { closeSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus, totalmem } from "node:os";
 import { ensureTool } from "./tools.js";
 
 export const procs: ChildProcess[] = [];
+const leftovers: string[] = [];
+
+/**
+ * Removes a benchmark's folder now if it can, else once its processes are stopped (a nats-server
+ * still writing its store makes the removal fail); a failed cleanup never fails a benchmark.
+ */
+export function removeLater(dir: string): void {
+  try {
+    rmSync(dir, { recursive: true, force: true, maxRetries: 2 });
+  } catch {
+    leftovers.push(dir);
+  }
+}
 
 export function cleanup(): void {
   for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
@@ -36,6 +49,7 @@ export async function stopAll(graceMs = 3000): Promise<void> {
         }),
     ),
   );
+  for (const dir of leftovers.splice(0)) rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
 }
 process.on("exit", cleanup);
 process.on("SIGINT", () => process.exit(130));

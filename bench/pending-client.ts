@@ -33,6 +33,12 @@ const counts = {
   /** Final answers of any kind, connection errors: the request is no longer held. */
   ended: 0,
   errors: 0,
+  /**
+   * POSTs answered 504 (no worker took the request within its 1 s window and the grace): on a
+   * machine too busy for the workers to keep up; the request is cancelled, not held, and another
+   * is started in its place.
+   */
+  postTimeouts: 0,
   statuses: {} as Record<string, number>,
   lastError: "",
 };
@@ -93,6 +99,11 @@ function hold(): void {
       if (buf.length < bodyEnd) return;
       buf = buf.subarray(bodyEnd);
       counts.statuses[status] = (counts.statuses[status] ?? 0) + 1;
+      if (status === 504 && phase === "post") {
+        counts.postTimeouts++;
+        end("504 on the POST", false);
+        return;
+      }
       if (status !== 202) {
         end(`status ${status}: ${text.split("\r\n")[0]}`, true);
         return;

@@ -54,6 +54,7 @@ interface Counts {
   repolls: number;
   ended: number;
   errors: number;
+  postTimeouts: number;
   statuses: Record<string, number>;
   lastError: string;
 }
@@ -245,6 +246,7 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
         ),
         memAvailableMiB: Math.round(memAvailableMiB()),
         errors: sum((c) => c.errors),
+        postTimeouts: sum((c) => c.postTimeouts),
         repolls: sum((c) => c.repolls),
         loadavg: loadavg(),
       });
