@@ -4,7 +4,8 @@
 //                         (?readPauseMs=N: a slow reader, pausing N ms after each MiB it reads;
 //                         ?fault=stall|reset|hang-once&key=k: as /stall, /reset, /once-hang, for a
 //                         function whose inference URL is /echo)
-//   GET|POST /sse         server-sent events (?events=5&intervalMs=200)
+//   GET|POST /sse         server-sent events (?events=5&intervalMs=200; intervalMs=0: as fast as the
+//                         reader takes them; &bytes=N pads each event's data with N bytes)
 //   POST /slow            answers after ?seconds=3, writing NVCF progress files meanwhile
 //   GET|POST /large       ?bytes=N bytes of a repeating pattern, streamed (Content-Length set)
 //   POST /digest          {bytes, sha256} of the request body (for large uploads)
@@ -126,12 +127,29 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
   if (path === "/sse") {
     const events = Number(url.searchParams.get("events") ?? 5);
     const interval = Number(url.searchParams.get("intervalMs") ?? 200);
+    const pad = "x".repeat(Math.max(0, Number(url.searchParams.get("bytes") ?? 0)));
+    const event = (n: number) =>
+      `id: ${n}\ndata: ${JSON.stringify(pad ? { i: n, at: Date.now(), pad } : { i: n, at: Date.now() })}\n\n`;
     req.resume();
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
     let i = 0;
+    if (interval === 0) {
+      // a producer faster than any reader: write until the socket's buffer is full, then wait for drain
+      const burst = () => {
+        while (i < events && !res.destroyed) {
+          if (!res.write(event(i++))) {
+            res.once("drain", burst);
+            return;
+          }
+        }
+        if (!res.destroyed) res.end("event: done\ndata: {}\n\n");
+      };
+      burst();
+      return;
+    }
     const tick = () => {
       if (res.destroyed) return;
-      res.write(`id: ${i}\ndata: ${JSON.stringify({ i, at: Date.now() })}\n\n`);
+      res.write(event(i));
       i++;
       if (i >= events) res.end("event: done\ndata: {}\n\n");
       else setTimeout(tick, interval);
