@@ -32,7 +32,16 @@ export const POD_DATABASE_URL = "postgres://from-the-secret@database/callplane";
  * api.database.url left to the Secret when the file leaves it empty.
  */
 export function loadForCluster(file: string): { config: Config; raw: RawDocument } {
-  const parsed = parseYaml(readFileSync(file, "utf8")) as unknown;
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+    parseYaml(text);
+  } catch {
+    // the config loader says what is wrong with an unreadable file or bad YAML, and how
+    loadConfig({ file, env: {} });
+    throw new Error(`cannot read ${file}`);
+  }
+  const parsed = parseYaml(text) as unknown;
   const raw = (parsed && typeof parsed === "object" ? parsed : {}) as RawDocument;
   const urlFromSecret = rawAt(raw, "api.database.driver") === "postgres" && !rawAt(raw, "api.database.url");
   const config = loadConfig({
