@@ -217,6 +217,7 @@ export const configSchema = z.strictObject({
       maxEntries: z.number().int().positive().default(10_000),
     }),
     shutdownGraceSeconds: seconds(30, 3600),
+    drainDelaySeconds: z.number().min(0).max(300).default(5),
     relay: section({
       enabled: z.boolean().default(true),
     }),
@@ -258,6 +259,8 @@ export const configSchema = z.strictObject({
       idleSeconds: seconds(300, 86_400),
       connectSeconds: seconds(5, 60),
     }),
+    shutdownGraceSeconds: seconds(30, 3600),
+    drainDelaySeconds: z.number().min(0).max(300).default(5),
     maxHeaderBytes: z.number().int().min(1024).max(65_536).default(16_384),
     upstreamConnectionsPerPod: z.number().int().min(1).max(4096).default(256),
   }),
@@ -279,6 +282,7 @@ export const configSchema = z.strictObject({
       enabled: z.boolean().default(true),
     }),
     shutdownGraceSeconds: seconds(30, 3600),
+    drainDelaySeconds: z.number().min(0).max(300).default(5),
   }),
   compute: section({
     backend: z.enum(["local"]).default("local"),

@@ -20,7 +20,15 @@ export const childMessageSchema = z.discriminatedUnion("type", [
 export type ChildMessage = z.infer<typeof childMessageSchema>;
 
 export const parentMessageSchema = z.discriminatedUnion("type", [
-  z.object({ type: z.literal("shutdown"), graceMs: z.number().int().nonnegative() }),
+  z.object({
+    type: z.literal("shutdown"),
+    graceMs: z.number().int().nonnegative(),
+    /**
+     * false: skip the drain delay (a whole stack stopping: no balancer to notice, no replica to
+     * take over). A replica stopped alone drains in full.
+     */
+    drainDelay: z.boolean().optional(),
+  }),
 ]);
 export type ParentMessage = z.infer<typeof parentMessageSchema>;
 

@@ -7,8 +7,19 @@ import { createLogger, type Logger } from "./log.js";
 
 export interface Running {
   urls: Record<string, string>;
-  close(graceMs: number): Promise<void>;
+  /**
+   * Drains: for `drainDelayMs` after readiness has failed the service still takes work (a balancer
+   * takes a moment to notice), then it refuses new work and finishes what is in flight within
+   * `graceMs`.
+   */
+  close(graceMs: number, drainDelayMs: number): Promise<void>;
   destroy(): void;
+}
+
+interface StopTimes<C> {
+  graceMs?: (c: C) => number;
+  /** How long the service keeps taking work after its readiness failed (front doors behind balancers). */
+  drainDelayMs?: (c: C) => number;
 }
 
 export function configFileFromArgs(argv = process.argv.slice(2)): string | undefined {
@@ -20,7 +31,7 @@ export function configFileFromArgs(argv = process.argv.slice(2)): string | undef
 export function runService(
   service: string,
   start: (config: Config, logger: Logger) => Promise<Running>,
-  opts: { graceMs?: (c: Config) => number } = {},
+  opts: StopTimes<Config> = {},
 ): void {
   runProcess(
     service,
@@ -37,7 +48,7 @@ export function runProcess<C>(
   load: () => C,
   level: (c: C) => LevelWithSilent,
   start: (config: C, logger: Logger) => Promise<Running>,
-  opts: { graceMs?: (c: C) => number } = {},
+  opts: StopTimes<C> = {},
 ): void {
   let config: C;
   try {
@@ -51,7 +62,7 @@ export function runProcess<C>(
   const logger = createLogger(service, { level: level(config) });
   let running: Running | undefined;
   let stopping = false;
-  const stop = (why: string) => {
+  const stop = (why: string, drainDelay = true) => {
     if (stopping) {
       logger.warn({ why }, "second stop request: stopping now");
       running?.destroy();
@@ -59,14 +70,18 @@ export function runProcess<C>(
     }
     stopping = true;
     const grace = opts.graceMs?.(config) ?? 10_000;
-    logger.info({ why, graceMs: grace }, "stopping");
-    const hard = setTimeout(() => {
-      logger.warn("grace period over: stopping now");
-      running?.destroy();
-      process.exit(0);
-    }, grace + 2000);
+    const delay = drainDelay ? (opts.drainDelayMs?.(config) ?? 0) : 0;
+    logger.info({ why, graceMs: grace, drainDelayMs: delay }, "stopping");
+    const hard = setTimeout(
+      () => {
+        logger.warn("grace period over: stopping now");
+        running?.destroy();
+        process.exit(0);
+      },
+      delay + grace + 2000,
+    );
     hard.unref();
-    (running ? running.close(grace) : Promise.resolve())
+    (running ? running.close(grace, delay) : Promise.resolve())
       .then(() => {
         logger.info("stopped");
         logger.flush();
@@ -81,7 +96,8 @@ export function runProcess<C>(
   process.on("SIGINT", () => stop("SIGINT"));
   process.on("message", (raw) => {
     const msg = parseParentMessage(raw);
-    if (msg?.type === "shutdown" && !stopping) stop("shutdown requested by supervisor");
+    if (msg?.type === "shutdown" && !stopping)
+      stop("shutdown requested by supervisor", msg.drainDelay !== false);
   });
   // A supervisor that goes away takes its children with it.
   process.on("disconnect", () => {

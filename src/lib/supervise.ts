@@ -177,7 +177,7 @@ export class SupervisedChild extends EventEmitter {
   }
 
   /** Asks the child to stop, then kills it after graceMs. Resolves once it has exited. */
-  async stop(graceMs: number): Promise<void> {
+  async stop(graceMs: number, opts: { drainDelay?: boolean } = {}): Promise<void> {
     this.stopRequested = true;
     if (this.restartTimer) {
       clearTimeout(this.restartTimer);
@@ -192,7 +192,12 @@ export class SupervisedChild extends EventEmitter {
     const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
     // our own services drain on the shutdown message; a SIGTERM on top would read as a second,
     // impatient request and cut the drain short
-    if (this.spec.ipc && child.connected) child.send({ type: "shutdown", graceMs });
+    if (this.spec.ipc && child.connected)
+      child.send({
+        type: "shutdown",
+        graceMs,
+        ...(opts.drainDelay === false ? { drainDelay: false } : {}),
+      });
     else child.kill("SIGTERM");
     const killer = setTimeout(() => child.kill("SIGKILL"), graceMs);
     await exited;

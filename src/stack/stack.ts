@@ -403,7 +403,8 @@ export class LocalStack {
     const isNats = (c: SupervisedChild) => /^nats-server(-\d+)?$/.test(c.spec.name);
     const nats = this.children.filter(isNats);
     const rest = this.children.filter((c) => !isNats(c)).reverse();
-    await Promise.all(rest.map((c) => c.stop(graceMs)));
+    // everything stops at once: no balancer to notice, no replica to take over, so no drain delay
+    await Promise.all(rest.map((c) => c.stop(graceMs, { drainDelay: false })));
     await Promise.all(nats.map((c) => c.stop(5000)));
     this.removeInstanceSecrets();
     rmSync(this.pidFile, { force: true });

@@ -69,7 +69,13 @@ const OUTPUT_TAIL = 64 * 1024;
 
 /** The test runner's environment without what would change a child's behaviour behind its back. */
 function baseEnv(): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = {};
+  // no drain delay unless a test asks for one: nothing balances these processes, and every stop
+  // would wait it out
+  const env: NodeJS.ProcessEnv = {
+    CALLPLANE__INVOCATION__DRAIN_DELAY_SECONDS: "0",
+    CALLPLANE__GRPCPROXY__DRAIN_DELAY_SECONDS: "0",
+    CALLPLANE__WORKER_CALLBACK_PROXY__DRAIN_DELAY_SECONDS: "0",
+  };
   for (const [k, v] of Object.entries(process.env)) {
     if (k.startsWith("CALLPLANE__") || k === "CALLPLANE_CONFIG" || k === "NODE_TEST_CONTEXT") continue;
     if (k === "NODE_OPTIONS") continue;

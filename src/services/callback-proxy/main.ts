@@ -5,70 +5,78 @@ import { Router, createHttpService } from "../../lib/http.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { createCallbackProxy } from "./service.js";
 
-runService("callback-proxy", async (config, logger) => {
-  const p = config.workerCallbackProxy;
-  if (!p.enabled)
-    throw new Error(
-      "workerCallbackProxy.enabled is false: the callback proxy is turned off and must not be started",
+runService(
+  "callback-proxy",
+  async (config, logger) => {
+    const p = config.workerCallbackProxy;
+    if (!p.enabled)
+      throw new Error(
+        "workerCallbackProxy.enabled is false: the callback proxy is turned off and must not be started",
+      );
+    const registry = createRegistry("callback-proxy");
+    const frontend = new TlsReloader(
+      "frontend",
+      { certFile: p.tls.frontend.certFile, keyFile: p.tls.frontend.keyFile },
+      (m) => proxy.setFrontend(m),
+      logger,
+      registry,
     );
-  const registry = createRegistry("callback-proxy");
-  const frontend = new TlsReloader(
-    "frontend",
-    { certFile: p.tls.frontend.certFile, keyFile: p.tls.frontend.keyFile },
-    (m) => proxy.setFrontend(m),
-    logger,
-    registry,
-  );
-  const podCa = new TlsReloader(
-    "pod-ca",
-    { caFile: config.pki.caCertFile },
-    (m) => proxy.setPodCa(m.ca!),
-    logger,
-    registry,
-  );
-  const proxy = createCallbackProxy({
-    listen: parseHostPort(p.listen),
-    serviceDomain: config.global.serviceDomain,
-    workerDomain: p.workerDomain,
-    grpcPodPort: config.grpcproxy.replicaCount > 0 ? config.grpcproxy.workerTlsPort : undefined,
-    podNetworks: [...p.podNetworks],
-    upstreamTls: p.invocation.upstreamTls.enabled,
-    podPort: p.invocation.upstreamTls.enabled ? p.invocation.workerTlsPort : config.invocation.port,
-    connectEnabled: p.invocation.connect.enabled,
-    frontend: { cert: frontend.material.cert!, key: frontend.material.key! },
-    podCa: podCa.material.ca!,
-    timeouts: {
-      headersMs: p.timeouts.headersSeconds * 1000,
-      idleMs: p.timeouts.idleSeconds * 1000,
-      connectMs: p.timeouts.connectSeconds * 1000,
-    },
-    maxHeaderBytes: p.maxHeaderBytes,
-    connectionsPerPod: p.upstreamConnectionsPerPod,
-    logger,
-    registry,
-  });
-  // /health and /metrics live on their own plain listener: the worker-facing frontend answers
-  // nothing but callbacks
-  const admin = createHttpService({
-    name: "callback-proxy-admin",
-    listen: parseHostPort(p.metricsListen),
-    logger,
-    registry,
-    router: new Router(),
-  });
-  const url = await proxy.listen();
-  const metrics = await admin.listen();
-  return {
-    urls: { proxy: url.origin, metrics: metrics.origin },
-    async close(g) {
-      frontend.close();
-      podCa.close();
-      await proxy.close(g);
-      await admin.close(1000);
-    },
-    destroy: () => {
-      proxy.destroy();
-      admin.destroy();
-    },
-  };
-});
+    const podCa = new TlsReloader(
+      "pod-ca",
+      { caFile: config.pki.caCertFile },
+      (m) => proxy.setPodCa(m.ca!),
+      logger,
+      registry,
+    );
+    const proxy = createCallbackProxy({
+      listen: parseHostPort(p.listen),
+      serviceDomain: config.global.serviceDomain,
+      workerDomain: p.workerDomain,
+      grpcPodPort: config.grpcproxy.replicaCount > 0 ? config.grpcproxy.workerTlsPort : undefined,
+      podNetworks: [...p.podNetworks],
+      upstreamTls: p.invocation.upstreamTls.enabled,
+      podPort: p.invocation.upstreamTls.enabled ? p.invocation.workerTlsPort : config.invocation.port,
+      connectEnabled: p.invocation.connect.enabled,
+      frontend: { cert: frontend.material.cert!, key: frontend.material.key! },
+      podCa: podCa.material.ca!,
+      timeouts: {
+        headersMs: p.timeouts.headersSeconds * 1000,
+        idleMs: p.timeouts.idleSeconds * 1000,
+        connectMs: p.timeouts.connectSeconds * 1000,
+      },
+      maxHeaderBytes: p.maxHeaderBytes,
+      connectionsPerPod: p.upstreamConnectionsPerPod,
+      logger,
+      registry,
+    });
+    // /health and /metrics live on their own plain listener: the worker-facing frontend answers
+    // nothing but callbacks
+    const admin = createHttpService({
+      name: "callback-proxy-admin",
+      listen: parseHostPort(p.metricsListen),
+      logger,
+      registry,
+      router: new Router(),
+      ready: () => !proxy.draining,
+    });
+    const url = await proxy.listen();
+    const metrics = await admin.listen();
+    return {
+      urls: { proxy: url.origin, metrics: metrics.origin },
+      async close(g, delay) {
+        frontend.close();
+        podCa.close();
+        await proxy.close(g, delay);
+        await admin.close(1000);
+      },
+      destroy: () => {
+        proxy.destroy();
+        admin.destroy();
+      },
+    };
+  },
+  {
+    graceMs: (c) => c.workerCallbackProxy.shutdownGraceSeconds * 1000,
+    drainDelayMs: (c) => c.workerCallbackProxy.drainDelaySeconds * 1000,
+  },
+);

@@ -210,6 +210,8 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
     workerOf(req);
+    // draining: each worker is told to take its next callback elsewhere (through the balancer)
+    if (draining) res.shouldKeepAlive = false;
     const started = performance.now();
     const url = req.url ?? "";
     // 1. the target: path first (404 for anything but the callback), then the pod address
@@ -444,6 +446,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     callbacks.inc({ outcome: "tunnel" });
   }
 
+  let draining = false;
   const server = createHttpServer(
     {
       maxHeaderSize: opts.maxHeaderBytes,
@@ -689,7 +692,19 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       agent = makeAgent();
       void old.close();
     },
-    async close(graceMs = 10_000): Promise<void> {
+    /** Whether a stop has begun (the admin listener's /health then answers 503). */
+    get draining(): boolean {
+      return draining;
+    },
+    /**
+     * Drains as balancers expect: readiness fails at once, idle callback connections close and every
+     * answer asks for Connection: close; callbacks are still taken for `drainDelayMs`, then no new
+     * connections, and those in flight (and gRPC tunnels) get `graceMs` to end.
+     */
+    async close(graceMs = 10_000, drainDelayMs = 0): Promise<void> {
+      draining = true;
+      server.closeIdleConnections();
+      if (drainDelayMs > 0) await new Promise((r) => setTimeout(r, drainDelayMs));
       server.closeIdleConnections();
       await frontend.close(graceMs);
       server.close();

@@ -54,9 +54,12 @@ runService(
         connect: service.urls!.connect.origin,
         connectUri: service.connectUri,
       },
-      close: (grace) => service.close(grace),
+      close: (grace, delay) => service.close(grace, delay),
       destroy: () => service.destroy(),
     };
   },
-  { graceMs: (c) => c.grpcproxy.shutdownGraceSeconds * 1000 },
+  {
+    graceMs: (c) => c.grpcproxy.shutdownGraceSeconds * 1000,
+    drainDelayMs: (c) => c.grpcproxy.drainDelaySeconds * 1000,
+  },
 );

@@ -172,6 +172,8 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
   let replicas: ReplicaRegistry | undefined;
   let connectUri = "";
   let closing = false;
+  // readiness has failed (a stop began); calls are still taken until the drain delay is over
+  let draining = false;
   /** destroy(): NATS is being closed under everything, so nothing publishes any more. */
   let destroyed = false;
   const reloaders: TlsReloader[] = [];
@@ -667,7 +669,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     logger,
     registry,
     router: new Router(),
-    ready: () => nc !== undefined && !nc.isClosed() && !closing,
+    ready: () => nc !== undefined && !nc.isClosed() && !closing && !draining,
   });
   connectHttp.server.on("connect", onConnect);
 
@@ -779,8 +781,14 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       );
       return client;
     },
-    /** Graceful stop: GOAWAY to every client, no new sessions; calls in flight finish within the grace. */
-    async close(graceMs = 30_000): Promise<void> {
+    /**
+     * Graceful stop, as balancers expect it: readiness fails at once (/health 503), calls and new
+     * sessions are still taken for the drain delay (the balancer has not noticed yet), then GOAWAY to
+     * every client and no new sessions; calls in flight finish within the grace.
+     */
+    async close(graceMs = 30_000, drainDelayMs = 0): Promise<void> {
+      draining = true;
+      if (drainDelayMs > 0) await new Promise((r) => setTimeout(r, drainDelayMs));
       closing = true;
       clientServer.close();
       for (const s of clientSessions) s.close();

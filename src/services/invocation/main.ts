@@ -45,9 +45,12 @@ runService(
     const url = await service.listen();
     return {
       urls: { invocation: url.origin, target: service.targetUri },
-      close: (g) => service.close(g),
+      close: (g, delay) => service.close(g, delay),
       destroy: () => service.destroy(),
     };
   },
-  { graceMs: (c) => c.invocation.shutdownGraceSeconds * 1000 },
+  {
+    graceMs: (c) => c.invocation.shutdownGraceSeconds * 1000,
+    drainDelayMs: (c) => c.invocation.drainDelaySeconds * 1000,
+  },
 );

@@ -128,7 +128,7 @@ function nvcfStatus(status: number): string {
 
 export interface InvocationService {
   listen(): Promise<URL>;
-  close(graceMs?: number): Promise<void>;
+  close(graceMs?: number, drainDelayMs?: number): Promise<void>;
   destroy(): void;
   /** The callback target handed to workers (the pod address). */
   readonly targetUri: string;
@@ -786,11 +786,15 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       );
       return url;
     },
-    async close(graceMs = 30_000) {
+    async close(graceMs = 30_000, drainDelayMs = 0) {
       // Drain first, then leave the registry: while draining, callbacks for the requests this
       // replica still holds may land on another replica and must be relayed here. (It takes no new
-      // requests meanwhile, so nothing else is relayed to it.)
-      await Promise.all([http.close(graceMs), workerHttp?.close(graceMs)]);
+      // requests meanwhile, so nothing else is relayed to it.) The clients' listener drains first
+      // (readiness fails, requests are still taken for the drain delay, then refused, and the
+      // requests in flight finish); the workers' listener stays open all that time, since those
+      // requests' callbacks arrive on it, and closes after.
+      await http.close(graceMs, drainDelayMs);
+      await workerHttp?.close(1000);
       await replicas?.close();
       for (const p of pendings.values()) {
         cancel(p, "replica stopping");

@@ -432,6 +432,11 @@ export class WorkItem {
 
   private async sendFinal(target: CallbackTarget): Promise<WorkOutcome> {
     this.target = undefined;
+    // No poll is taken from here on: one acknowledged while the final answer is being posted would
+    // have no answer left to get and wait out its whole window (a 504). Unacknowledged, it finds no
+    // responder and its client a final 404, as the final answer is delivered once.
+    this.pollSub?.unsubscribe();
+    this.pollSub = undefined;
     const result = this.inferenceResult!;
     if ("err" in result) {
       if (this.abort.signal.aborted) return "cancelled";
