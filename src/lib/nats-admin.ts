@@ -46,7 +46,8 @@ export async function closeConnections(
   opts: { servers?: number } = {},
 ): Promise<ClosedConnections> {
   const expected = Math.max(1, opts.servers ?? 1);
-  const query = (offset: number) => JSON.stringify({ acc: NATS_ACCOUNTS.app, auth: true, offset, limit: PAGE });
+  const query = (offset: number) =>
+    JSON.stringify({ acc: NATS_ACCOUNTS.app, auth: true, offset, limit: PAGE });
   const first = new Map<string, Connz>();
   const replies = await sys.requestMany("$SYS.REQ.SERVER.PING.CONNZ", query(0), {
     strategy: "count",
@@ -65,7 +66,7 @@ export async function closeConnections(
   for (const [id, firstPage] of first) {
     let closed = 0;
     let page: Connz = firstPage;
-    for (let offset = 0; ; ) {
+    for (let offset = 0; ;) {
       const conns = page.data.connections ?? [];
       for (const c of conns) {
         if (!c.authorized_user || !match(c.authorized_user)) continue;
@@ -75,7 +76,9 @@ export async function closeConnections(
       offset += conns.length;
       if (conns.length === 0 || offset >= page.data.total) break;
       // the next page of this server's list, from this server
-      page = (await sys.request(`$SYS.REQ.SERVER.${id}.CONNZ`, query(offset), { timeout: WAIT_MS })).json<Connz>();
+      page = (
+        await sys.request(`$SYS.REQ.SERVER.${id}.CONNZ`, query(offset), { timeout: WAIT_MS })
+      ).json<Connz>();
     }
     result.servers.push({ id, name: firstPage.server.name ?? id, closed });
     result.closed += closed;

@@ -223,7 +223,9 @@ export class LocalStack {
       grpcReplicaIps,
     });
     for (const c of certs) {
-      if ((await ensureServerCert(c.folder, ca, c.dnsNames, { clientAuth: c.clientAuth ?? false })) === "issued")
+      if (
+        (await ensureServerCert(c.folder, ca, c.dnsNames, { clientAuth: c.clientAuth ?? false })) === "issued"
+      )
         this.opts.say(`issued the ${c.name} certificate (${c.dnsNames.join(", ")})`);
     }
   }
@@ -276,7 +278,9 @@ export class LocalStack {
     if (cluster) {
       route = ensureRouteCredentials(config.nats.credentialsDir);
       if (route.created)
-        this.opts.say(`generated the NATS cluster's route password in ${KEY_FILES.routePassword(config.nats.credentialsDir)}`);
+        this.opts.say(
+          `generated the NATS cluster's route password in ${KEY_FILES.routePassword(config.nats.credentialsDir)}`,
+        );
     }
     const bin = natsServerBinary(config.nats.server.binary || undefined);
     const children: SupervisedChild[] = [];
@@ -335,7 +339,9 @@ export class LocalStack {
     // route certificate applies to routes opened after the reload)
     const reloadAll = (what: string) => {
       for (const c of children) if (c.pid) reloadNatsServer(c.pid);
-      this.opts.say(`nats-server: ${what} changed; told ${children.length === 1 ? "it" : `all ${children.length} nodes`} to reload`);
+      this.opts.say(
+        `nats-server: ${what} changed; told ${children.length === 1 ? "it" : `all ${children.length} nodes`} to reload`,
+      );
     };
     const logger = createLogger("stack", { destination: join(this.logDir, "stack.log") });
     const registry = createRegistry("stack", { defaultMetrics: false });

@@ -192,7 +192,11 @@ export async function startNats(
   const url = `tls://${host}:${port}`;
   const startCallout = async (plugins: NatsAuthCalloutOptions["plugins"], logFile?: string) => {
     await callout?.close();
-    callout = await startTestCallout({ url, caFile, credentialsDir, region: opts.region ?? "test" }, plugins, logFile);
+    callout = await startTestCallout(
+      { url, caFile, credentialsDir, region: opts.region ?? "test" },
+      plugins,
+      logFile,
+    );
   };
   await startCallout({});
   return {

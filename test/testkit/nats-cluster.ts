@@ -152,7 +152,7 @@ export async function startNatsCluster(
         stderr = "";
         const c = spawn(bin, ["-c", files.configFile], { stdio: ["ignore", "ignore", "pipe"] });
         child = c;
-        c.stderr!.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-256 * 1024)));
+        c.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-256 * 1024)));
         await waitForNats({ host: a.host, port: a.port }).catch((err: unknown) => {
           throw new Error(`${node.name}: ${(err as Error).message}\n${stderr}`);
         });

@@ -84,7 +84,9 @@ export function registerNats(program: Command): void {
             x.name,
             x.leader ?? "none",
             x.replicas.length
-              ? x.replicas.map((r) => `${r.name}:${r.offline ? "offline" : r.current ? "current" : `lag ${r.lag}`}`).join(" ")
+              ? x.replicas
+                  .map((r) => `${r.name}:${r.offline ? "offline" : r.current ? "current" : `lag ${r.lag}`}`)
+                  .join(" ")
               : "-",
             x.messages === undefined ? "-" : String(x.messages),
           ]),

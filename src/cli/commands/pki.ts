@@ -32,8 +32,8 @@ function certificatesOf(config: ReturnType<typeof loadConfig>) {
     replicaIps: Array.from({ length: config.invocation.replicaCount }, (_, i) => cidrHost(net, i + 1)),
     natsNames: config.nats.server.enabled ? natsCertNames(config.nats) : [],
     natsCertFile: config.nats.tls.certFile,
-      natsRouteNames: config.nats.server.enabled ? natsRouteCertNames(config.nats) : [],
-      natsRouteCertFile: config.nats.cluster.tls.certFile,
+    natsRouteNames: config.nats.server.enabled ? natsRouteCertNames(config.nats) : [],
+    natsRouteCertFile: config.nats.cluster.tls.certFile,
   });
 }
 
