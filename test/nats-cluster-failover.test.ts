@@ -98,7 +98,7 @@ test("a node of the NATS cluster is killed and started again: every invocation i
   };
   const plane = await startPlane(ctx, {
     nats: cluster,
-    queue: { replicas: 3, ackWaitSeconds: 10 },
+    queue: { replicas: 3 },
     workers: 2,
     concurrency: 8,
     logs: true,
@@ -146,7 +146,9 @@ test("a node of the NATS cluster is killed and started again: every invocation i
   };
   let gate: Promise<void> = Promise.resolve();
   let openGate: (() => void) | undefined;
-  const closeGate = () => (gate = new Promise<void>((r) => (openGate = r)));
+  const closeGate = () => {
+    gate = new Promise<void>((r) => (openGate = r));
+  };
 
   async function invoke(seq: number, at: Phase): Promise<Outcome> {
     const payload = `payload-${seq}`;
@@ -218,8 +220,10 @@ test("a node of the NATS cluster is killed and started again: every invocation i
       `(before ${answered.before}, down ${answered.down}, rejoining ${answered.rejoining}, healthy ${answered.healthy}); ` +
       `${failed.length} failed: ${[...byCode].map(([k, v]) => `${v} x ${k}`).join(", ") || "none"}`,
   );
-  for (const f of failed.slice(0, 5)) t.diagnostic(`failed ${f.seq} (${f.phase}): ${f.status} ${f.code}: ${f.detail}`);
-  for (const f of failed) assert.ok(f.status >= 500, `a failure of the plane, not of the client: ${f.status} ${f.code}`);
+  for (const f of failed.slice(0, 5))
+    t.diagnostic(`failed ${f.seq} (${f.phase}): ${f.status} ${f.code}: ${f.detail}`);
+  for (const f of failed)
+    assert.ok(f.status >= 500, `a failure of the plane, not of the client: ${f.status} ${f.code}`);
   // the cluster whole again, nothing fails
   assert.deepEqual(
     failed.filter((f) => f.phase === "healthy").map((f) => `${f.seq}: ${f.code}`),
@@ -227,11 +231,30 @@ test("a node of the NATS cluster is killed and started again: every invocation i
     "once the cluster is healthy again, every invocation is answered",
   );
 
+  // the queue settles: every message taken is acknowledged (a worker's ack is confirmed after its
+  // answer, so the last ones may still be on their way) and none is left. A message whose ack was
+  // lost would instead be redelivered after the ack wait and run again: the count below sees it.
+  await waitFor(
+    "the work queue to be empty, every delivery acknowledged",
+    async () => {
+      const [st, co] = [await jsm.streams.info(stream), await jsm.consumers.info(stream, consumer)];
+      return st.state.messages === 0 && co.num_ack_pending === 0 && co.num_pending === 0;
+    },
+    { timeoutMs: 60_000, intervalMs: 250 },
+  ).catch(() => undefined); // what is left is reported by the assertions below
+
+  // acks sent while the consumer's leader moved were sent again until confirmed (or the message
+  // would have been redelivered after the ack wait and run twice)
+  const acksRetried = ["worker-0", "worker-1"].map(
+    (w) => plane.logs(w).filter((l) => l.msg === "ack confirmed").length,
+  );
+  t.diagnostic(`acks confirmed only after being sent again: ${acksRetried.join(" + ")}`);
   // the inference server saw each payload at most once, and each answered one exactly once
   const twice = [...seen].filter(([, n]) => n > 1);
   assert.deepEqual(twice, [], "payloads the inference server saw more than once");
   for (const o of outcomes)
-    if (o.kind === "answered") assert.equal(seen.get(o.seq), 1, `answered invocation ${o.seq} reached the server once`);
+    if (o.kind === "answered")
+      assert.equal(seen.get(o.seq), 1, `answered invocation ${o.seq} reached the server once`);
   const stray = [...seen.keys()].filter((s) => s >= nextSeq);
   assert.deepEqual(stray, []);
 
@@ -253,6 +276,8 @@ test("a node of the NATS cluster is killed and started again: every invocation i
 
   // the parts connected to the killed node noticed, and came back by themselves
   const reconnects = (name: string) => plane.logs(name).filter((l) => l.msg === "nats reconnect").length;
-  t.diagnostic(`reconnects: replica ${reconnects("replica-0")}, workers ${reconnects("worker-0")}, ${reconnects("worker-1")}`);
+  t.diagnostic(
+    `reconnects: replica ${reconnects("replica-0")}, workers ${reconnects("worker-0")}, ${reconnects("worker-1")}`,
+  );
   assert.ok(reconnects("replica-0") >= 1, "the invocation replica lost its node and reconnected");
 });
