@@ -78,8 +78,13 @@ export const configSchema = z.strictObject({
       .string()
       .default("")
       .refine(
-        (v) => v === "" || (natsServers(v).length > 0 && natsServers(v).every((s) => /^(nats|tls):\/\/[^,]+$/.test(s))),
-        { message: "must be a nats:// or tls:// URL, or several separated by commas (every node of a cluster)" },
+        (v) =>
+          v === "" ||
+          (natsServers(v).length > 0 && natsServers(v).every((s) => /^(nats|tls):\/\/[^,]+$/.test(s))),
+        {
+          message:
+            "must be a nats:// or tls:// URL, or several separated by commas (every node of a cluster)",
+        },
       ),
     workerAuth: z.enum(["nkey", "token"], { error: "nats.workerAuth must be nkey or token" }).default("nkey"),
     authCallout: section({
@@ -339,6 +344,10 @@ function formatIssues(issues: z.core.$ZodIssue[]): string[] {
 function natsClusterProblems(c: Config, urlUnset: boolean): string[] {
   const p: string[] = [];
   const n = c.nats;
+  if (n.cluster.size % 2 === 0)
+    p.push(
+      `nats.cluster.size is ${n.cluster.size}: it must be 1 (one server) or an odd number of nodes (3 or 5). JetStream's Raft groups need a majority of the nodes, so ${n.cluster.size} nodes survive no more losses than ${n.cluster.size - 1}, and a split into two halves stops the queues`,
+    );
   if (n.stream.replicas > n.cluster.size)
     p.push(
       `nats.stream.replicas is ${n.stream.replicas} but nats.cluster.size is ${n.cluster.size}: a work-queue stream cannot have more replicas than the cluster has servers, and JetStream would refuse to create it. ` +
@@ -371,10 +380,7 @@ function natsClusterProblems(c: Config, urlUnset: boolean): string[] {
 }
 
 /** Rules that relate fields; each message names every field involved. */
-function crossFieldProblems(
-  c: Config,
-  explicitlyEmpty: { webhookUrl: boolean; natsUrl: boolean },
-): string[] {
+function crossFieldProblems(c: Config, explicitlyEmpty: { webhookUrl: boolean; natsUrl: boolean }): string[] {
   const p: string[] = [];
   const we = c.global.workerEndpoints;
   if (
@@ -554,9 +560,10 @@ export function localNatsClusterProblems(c: Config): string[] {
   const p: string[] = [];
   if (!c.nats.server.enabled || c.nats.cluster.size === 1) return p;
   const nodes = parseCidr(c.nats.cluster.nodeNetwork);
+  // two networks overlap when the wider one holds the narrower one's first address
   const overlaps = (other: string) => {
     const o = parseCidr(other);
-    const [wide, narrow] = o.bits <= nodes.bits ? [o, other] : [nodes, c.nats.cluster.nodeNetwork];
+    const [wide, narrow] = o.bits <= nodes.bits ? [o, c.nats.cluster.nodeNetwork] : [nodes, other];
     return cidrContains(wide, narrow.split("/")[0]);
   };
   const others: Array<[string, string, boolean]> = [
