@@ -79,7 +79,7 @@ export function registerNats(program: Command): void {
       if (h.streams.length) {
         console.log("");
         printTable(
-          ["work queue", "leader", "replicas", "messages"],
+          ["stream", "leader", "followers", "messages"],
           h.streams.map((x) => [
             x.name,
             x.leader ?? "none",
