@@ -3,7 +3,7 @@
 // the same function: one whose workers call back through the callback proxy (TLS to the proxy, TLS
 // from the proxy to the replica's worker listener: the path `npm start` sets up) and one whose
 // workers call the replica's plain pod address (the in-cluster path). Both are measured in one run.
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import type { ChildProcess } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,7 +18,7 @@ import {
   invocationCertFolder,
   issueServerCert,
 } from "../src/lib/pki.js";
-import { freePort, start, waitHttp } from "./harness.js";
+import { freePort, removeLater, start, waitHttp } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const WORKER_DOMAIN = "worker.callplane.test";
@@ -35,6 +35,21 @@ export interface ChainOptions {
    * sets up).
    */
   grpc?: { workers: number; concurrency: number };
+  /** The function's inference path (default /echo; the client's query string is appended). */
+  inferenceUrl?: string;
+  /** Invocation replicas whose workers call back through the callback proxy (default 1). */
+  replicas?: number;
+  /** Example inference servers; the workers are spread over them in turn (default 1). */
+  inferenceServers?: number;
+  /**
+   * Run the worker agents as this uid and gid (needs root). Each worker watches its output folders
+   * with inotify, and the kernel counts inotify instances and watches per user (128 instances by
+   * default): a hundred workers under the user that runs everything else on a shared machine would
+   * take what other users' processes need.
+   */
+  workerUid?: number;
+  /** Worker agents started at once (default 1). */
+  startBatch?: number;
 }
 
 export interface GrpcChain {
@@ -51,13 +66,25 @@ export interface GrpcChain {
   workers: ChildProcess[];
 }
 
+export interface Replica {
+  /** The invocation URL of the chain's function on this replica. */
+  url: string;
+  /** host:port the replica listens on. */
+  address: string;
+  proc: ChildProcess;
+}
+
 export interface Chain {
   dir: string;
   key: string;
   functionId: string;
   echo: { url: string; proc: ChildProcess };
+  /** Every example inference server (the first is `echo`). */
+  inference: Array<{ url: string; proc: ChildProcess }>;
   /** The replica whose workers call back through the proxy (as `npm start` sets up). */
   viaProxy: { url: string; proc: ChildProcess };
+  /** Every replica whose workers call back through the proxy (the first is `viaProxy`). */
+  replicas: Replica[];
   /** The replica whose workers call its plain pod address (in-cluster, no proxy). */
   direct: { url: string; proc: ChildProcess };
   proxy: ChildProcess;
@@ -66,6 +93,8 @@ export interface Chain {
   grpc: GrpcChain | undefined;
   /** Every process of the chain by role, for CPU and memory figures. */
   roles(path: "viaProxy" | "directCallbacks"): Record<string, number[]>;
+  /** Starts more worker agents for the function (they join `workers`). */
+  addWorkers(n: number): Promise<ChildProcess[]>;
   close(): void;
 }
 
@@ -86,6 +115,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   ensureAdminKeyPair(keyFile, join(dir, "keys", "admin.pub.pem"));
   ensureServiceTokens(join(dir, "secrets"));
   ensureKeyringFile(join(dir, "keys", "mek.json"));
+  // with workers under another user: they must reach the CA file (the folder is 0700 from mkdtemp)
+  if (o.workerUid !== undefined) chmodSync(dir, 0o711);
   const natsPort = await freePort();
   // the stack CA, the proxy's frontend certificate and the proxy-path replica's pod certificate
   const pki = join(dir, "pki");
@@ -117,13 +148,18 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   writeFileSync(join(pki, "ca.key"), ca.keyPem, { mode: 0o600 });
   writeFileSync(join(pki, "proxy", TLS_FILES.cert), front.certPem);
   writeFileSync(join(pki, "proxy", TLS_FILES.key), front.keyPem, { mode: 0o600 });
-  const proxyIp = "127.0.1.1";
   const directIp = "127.0.1.2";
-  const pod = await issueServerCert(ca, [`127-0-1-1.invocation.${SERVICE_DOMAIN}`]);
-  const podDir = invocationCertFolder(pki, proxyIp);
-  mkdirSync(podDir, { recursive: true });
-  writeFileSync(join(podDir, TLS_FILES.cert), pod.certPem);
-  writeFileSync(join(podDir, TLS_FILES.key), pod.keyPem, { mode: 0o600 });
+  // the first replica is 127.0.1.1, the others 127.0.1.11, .12, ...: each its own pod certificate
+  const replicaIps = Array.from({ length: o.replicas ?? 1 }, (_, i) =>
+    i === 0 ? "127.0.1.1" : `127.0.1.${10 + i}`,
+  );
+  for (const ip of replicaIps) {
+    const pod = await issueServerCert(ca, [`${ip.replaceAll(".", "-")}.invocation.${SERVICE_DOMAIN}`]);
+    const podDir = invocationCertFolder(pki, ip);
+    mkdirSync(podDir, { recursive: true });
+    writeFileSync(join(podDir, TLS_FILES.cert), pod.certPem);
+    writeFileSync(join(podDir, TLS_FILES.key), pod.keyPem, { mode: 0o600 });
+  }
 
   const apiPort = await freePort();
   const invPort = await freePort();
@@ -172,7 +208,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   const fn = (
     await json<{ function: { id: string; versionId: string } }>(`${api}/v2/nvcf/functions`, admin, {
       name: "bench-echo",
-      inferenceUrl: "/echo",
+      inferenceUrl: o.inferenceUrl ?? "/echo",
       containerImage: "local/echo",
       health: { uri: "/health" },
     })
@@ -190,15 +226,30 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   });
   const key = (await json<{ value: string }>(`${api}/v1/keys`, admin, { description: "bench" })).value;
 
-  const echoPort = await freePort();
-  const echo = await start(
-    "echo",
-    process.execPath,
-    [join(dist, "examples/inference-server.js"), "--listen", `127.0.0.1:${echoPort}`],
-    {},
-  );
-  await waitHttp(`http://127.0.0.1:${echoPort}/health`);
-  const viaProxy = await service("invocation", { POD_IP: proxyIp }, "invocation-via-proxy");
+  const inference: Array<{ url: string; port: number; proc: ChildProcess }> = [];
+  for (let i = 0; i < (o.inferenceServers ?? 1); i++) {
+    const port = await freePort();
+    const proc = await start(
+      i === 0 ? "echo" : `echo-${i}`,
+      process.execPath,
+      [join(dist, "examples/inference-server.js"), "--listen", `127.0.0.1:${port}`],
+      {},
+    );
+    await waitHttp(`http://127.0.0.1:${port}/health`);
+    inference.push({ url: `http://127.0.0.1:${port}`, port, proc });
+  }
+  const echo = inference[0].proc;
+  const echoPort = inference[0].port;
+  const replicaProcs: ChildProcess[] = [];
+  for (const [i, ip] of replicaIps.entries())
+    replicaProcs.push(
+      await service(
+        "invocation",
+        { POD_IP: ip },
+        i === 0 ? "invocation-via-proxy" : `invocation-via-proxy-${i}`,
+      ),
+    );
+  const viaProxy = replicaProcs[0];
   const direct = await service(
     "invocation",
     { POD_IP: directIp, CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "false" },
@@ -206,34 +257,55 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
   );
   const proxy = await service("callback-proxy", { CALLPLANE__LOG__LEVEL: "info" });
   const workers: ChildProcess[] = [];
-  for (let i = 0; i < o.workers; i++) {
-    workers.push(
-      await start(
-        `worker-${i}`,
-        process.execPath,
-        [join(dist, "src/services/worker/main.js")],
-        {
-          NVCF_FQDN_NATS: `tls://127.0.0.1:${natsPort}`,
-          NKEY_SEED: readWorkerSeed(credentialsDir),
-          NVCF_NATS_CA_FILE: join(pki, "ca.crt"),
-          FUNCTION_ID: fn.id,
-          FUNCTION_VERSION_ID: fn.versionId,
-          INFERENCE_PORT: String(echoPort),
-          INFERENCE_HEALTH_ENDPOINT: "/health",
-          HEALTH_HOST: "127.0.0.1",
-          HEALTH_PORT: "0",
-          MAX_REQUEST_CONCURRENCY: String(o.concurrency),
-          NVCF_REGION: "bench",
-          BASE_RESPONSE_DIR: join(dir, `responses-${i}`),
-          NVCF_PROXY_CA_FILE: join(pki, "ca.crt"),
-          CALLPLANE_WORKER_HOST_MAP: `invocation.${WORKER_DOMAIN}=127.0.0.1`,
-          CALLPLANE_LOG_LEVEL: "warn",
-          ...o.workerEnv,
-        },
-        { ipc: true, logFile: join(dir, "logs", `worker-${i}.log`) },
-      ),
+  const startWorker = (i: number) => {
+    const responses = join(dir, `responses-${i}`);
+    if (o.workerUid !== undefined) {
+      mkdirSync(responses);
+      chownSync(responses, o.workerUid, o.workerUid);
+    }
+    return start(
+      `worker-${i}`,
+      process.execPath,
+      [join(dist, "src/services/worker/main.js")],
+      {
+        NVCF_FQDN_NATS: `tls://127.0.0.1:${natsPort}`,
+        NKEY_SEED: readWorkerSeed(credentialsDir),
+        NVCF_NATS_CA_FILE: join(pki, "ca.crt"),
+        FUNCTION_ID: fn.id,
+        FUNCTION_VERSION_ID: fn.versionId,
+        INFERENCE_PORT: String(inference[i % inference.length].port),
+        INFERENCE_HEALTH_ENDPOINT: "/health",
+        HEALTH_HOST: "127.0.0.1",
+        HEALTH_PORT: "0",
+        MAX_REQUEST_CONCURRENCY: String(o.concurrency),
+        NVCF_REGION: "bench",
+        BASE_RESPONSE_DIR: responses,
+        NVCF_PROXY_CA_FILE: join(pki, "ca.crt"),
+        CALLPLANE_WORKER_HOST_MAP: `invocation.${WORKER_DOMAIN}=127.0.0.1`,
+        CALLPLANE_LOG_LEVEL: "warn",
+        ...o.workerEnv,
+      },
+      {
+        ipc: true,
+        logFile: join(dir, "logs", `worker-${i}.log`),
+        ...(o.workerUid !== undefined ? { uid: o.workerUid } : {}),
+      },
     );
-  }
+  };
+  const addWorkers = async (n: number): Promise<ChildProcess[]> => {
+    const batch = Math.max(1, o.startBatch ?? 1);
+    const added: ChildProcess[] = [];
+    for (let k = 0; k < n; k += batch) {
+      const first = workers.length;
+      const more = await Promise.all(
+        Array.from({ length: Math.min(batch, n - k) }, (_, j) => startWorker(first + j)),
+      );
+      workers.push(...more);
+      added.push(...more);
+    }
+    return added;
+  };
+  await addWorkers(o.workers);
   let grpc: GrpcChain | undefined;
   if (o.grpc) {
     const gfn = (
@@ -293,7 +365,10 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
           process.execPath,
           [join(dist, "src/services/worker/main.js")],
           {
-            NVCF_FQDN_NATS: `nats://127.0.0.1:${natsPort}`,
+            // NATS as the HTTP workers reach it: TLS from the stack CA, the workers' shared nkey
+            NVCF_FQDN_NATS: `tls://127.0.0.1:${natsPort}`,
+            NKEY_SEED: readWorkerSeed(credentialsDir),
+            NVCF_NATS_CA_FILE: join(pki, "ca.crt"),
             FUNCTION_ID: gfn.id,
             FUNCTION_VERSION_ID: gfn.versionId,
             INFERENCE_PORT: String(serverPort),
@@ -330,11 +405,18 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     key,
     functionId: fn.id,
     echo: { url: `http://127.0.0.1:${echoPort}`, proc: echo },
-    viaProxy: { url: `http://${proxyIp}:${invPort}${path}`, proc: viaProxy },
+    inference: inference.map(({ url, proc }) => ({ url, proc })),
+    viaProxy: { url: `http://${replicaIps[0]}:${invPort}${path}`, proc: viaProxy },
+    replicas: replicaIps.map((ip, i) => ({
+      url: `http://${ip}:${invPort}${path}`,
+      address: `${ip}:${invPort}`,
+      proc: replicaProcs[i],
+    })),
     direct: { url: `http://${directIp}:${invPort}${path}`, proc: direct },
     proxy,
     nats,
     workers,
+    addWorkers,
     roles(which) {
       return {
         nats: [nats.pid!],
@@ -346,7 +428,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     },
     close() {
       if (process.env.CALLPLANE_BENCH_KEEP) console.log(`  kept ${dir}`);
-      else rmSync(dir, { recursive: true, force: true });
+      else removeLater(dir);
     },
   };
 }

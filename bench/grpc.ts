@@ -14,7 +14,8 @@ import { Echo, EchoMessageSchema, type EchoMessage } from "../src/gen/callplane/
 import { frameGrpcMessage } from "../src/lib/grpc.js";
 import { UNLIMITED_MESSAGES, grpcDefinition, rawUnary } from "../src/lib/grpc-def.js";
 import { startChain } from "./chain.js";
-import { cpuMs, machine } from "./harness.js";
+import { requireTools } from "./tools.js";
+import { cpuMs, machine, median, medianOf } from "./harness.js";
 
 export interface GrpcBenchOptions {
   seconds: number;
@@ -25,6 +26,8 @@ export interface GrpcBenchOptions {
   perConnection: number;
   /** Streaming: messages of 1 MiB each way. */
   streamMiB: number;
+  /** Rounds of every measurement; the figures are their medians. */
+  rounds: number;
 }
 
 interface H2Result {
@@ -145,6 +148,7 @@ async function streaming(
 }
 
 export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unknown>> {
+  requireTools("h2load");
   // every connection is a session holding a worker slot until it has been idle for 30 s: room for
   // all of them, over the three targets
   const sessions = 3 * (o.connections + 2);
@@ -176,55 +180,85 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
       worker: g.workers[0].pid!,
       server: g.server.pid!,
     };
-    const runs: Record<string, Record<string, H2Result & { cpuMsPer1k?: Record<string, number> }>> = {};
+    type Runs = Record<string, Record<string, H2Result & { cpuMsPer1k?: Record<string, number> }>>;
+    const rounds: Array<{ unary: Runs; streamingMBps: Record<string, { up: number; down: number }> }> = [];
     const shapes = {
       oneAtATime: { clients: 1, streams: 1 },
       oneConnection: { clients: 1, streams: o.streams },
       manyConnections: { clients: o.connections, streams: o.perConnection },
     };
-    for (const [shape, s] of Object.entries(shapes)) {
-      runs[shape] = {};
-      for (const [path, target] of [
-        ["direct", g.direct],
-        ["callplane", g.target],
-        ["inCluster", g.inCluster],
-      ] as const) {
-        const before = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuMs(pid)]));
-        const r = await h2load(chain.dir, `${shape}-${path}`, target, md, { ...s, seconds: o.seconds });
-        const calls = r.succeeded + r.failed;
-        runs[shape][path] = {
-          ...r,
-          ...(path === "callplane"
-            ? {
-                cpuMsPer1k: Object.fromEntries(
-                  Object.entries(pids).map(([k, pid]) => [
-                    k,
-                    Math.round(((cpuMs(pid) - before[k]) / calls) * 1000 * 10) / 10,
-                  ]),
-                ),
-              }
-            : {}),
-        };
+    for (let round = 0; round < Math.max(1, o.rounds); round++) {
+      const runs: Runs = {};
+      for (const [shape, s] of Object.entries(shapes)) {
+        runs[shape] = {};
+        for (const [path, target] of [
+          ["direct", g.direct],
+          ["callplane", g.target],
+          ["inCluster", g.inCluster],
+        ] as const) {
+          const before = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuMs(pid)]));
+          const r = await h2load(chain.dir, `${shape}-${path}`, target, md, { ...s, seconds: o.seconds });
+          const calls = r.succeeded + r.failed;
+          runs[shape][path] = {
+            ...r,
+            ...(path === "callplane"
+              ? {
+                  cpuMsPer1k: Object.fromEntries(
+                    Object.entries(pids).map(([k, pid]) => [
+                      k,
+                      Math.round(((cpuMs(pid) - before[k]) / calls) * 1000 * 10) / 10,
+                    ]),
+                  ),
+                }
+              : {}),
+          };
+        }
       }
+      const stream = {
+        direct: await streaming(g.direct, md, o.streamMiB),
+        callplane: await streaming(g.target, md, o.streamMiB),
+        inCluster: await streaming(g.inCluster, md, o.streamMiB),
+      };
+      rounds.push({ unary: runs, streamingMBps: stream });
     }
-    const stream = {
-      direct: await streaming(g.direct, md, o.streamMiB),
-      callplane: await streaming(g.target, md, o.streamMiB),
-      inCluster: await streaming(g.inCluster, md, o.streamMiB),
-    };
-    const ratio = (shape: string) =>
-      Math.round((runs[shape].callplane.rps / runs[shape].direct.rps) * 100) / 100;
+    // the median of each figure over the rounds; each ratio is the median of the rounds' ratios
+    const runs = medianOf(rounds.map((r) => r.unary));
+    const per = (f: (r: (typeof rounds)[number]) => number, digits = 100) =>
+      Math.round(median(rounds.map(f)) * digits) / digits;
+    const ratio = (shape: string, path = "callplane") =>
+      per((r) => r.unary[shape][path].rps / r.unary[shape].direct.rps);
+    const streamRatio = (way: "up" | "down", path = "callplane") =>
+      per((r) => r.streamingMBps[path][way] / r.streamingMBps.direct[way]);
     return {
+      benchmark: "grpc",
       machine: machine(),
-      command: `npm run bench -- grpc --seconds ${o.seconds} --streams ${o.streams} --connections ${o.connections} --per-connection ${o.perConnection} --stream-mib ${o.streamMiB}`,
+      options: o,
+      command: `npm run bench -- grpc --seconds ${o.seconds} --streams ${o.streams} --connections ${o.connections} --per-connection ${o.perConnection} --stream-mib ${o.streamMiB} --rounds ${o.rounds}`,
       unary: runs,
       ratio: {
         oneAtATime: ratio("oneAtATime"),
         oneConnection: ratio("oneConnection"),
         manyConnections: ratio("manyConnections"),
+        streamingUp: streamRatio("up"),
+        streamingDown: streamRatio("down"),
       },
-      addedP50ms: Math.round((runs.oneAtATime.callplane.p50 - runs.oneAtATime.direct.p50) * 1000) / 1000,
-      streamingMBps: stream,
+      ratioInCluster: {
+        oneAtATime: ratio("oneAtATime", "inCluster"),
+        oneConnection: ratio("oneConnection", "inCluster"),
+        manyConnections: ratio("manyConnections", "inCluster"),
+        streamingUp: streamRatio("up", "inCluster"),
+        streamingDown: streamRatio("down", "inCluster"),
+      },
+      p99Ratio: {
+        oneAtATime: per((r) => r.unary.oneAtATime.callplane.p99 / r.unary.oneAtATime.direct.p99),
+        oneConnection: per((r) => r.unary.oneConnection.callplane.p99 / r.unary.oneConnection.direct.p99),
+        manyConnections: per(
+          (r) => r.unary.manyConnections.callplane.p99 / r.unary.manyConnections.direct.p99,
+        ),
+      },
+      addedP50ms: per((r) => r.unary.oneAtATime.callplane.p50 - r.unary.oneAtATime.direct.p50, 1000),
+      streamingMBps: medianOf(rounds.map((r) => r.streamingMBps)),
+      rounds,
     };
   } finally {
     chain.close();

@@ -3,12 +3,26 @@
 // test run as separate processes).
 import autocannon from "autocannon";
 import { Client } from "undici";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { closeSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { spawn, type ChildProcess } from "node:child_process";
+import { closeSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus, totalmem } from "node:os";
+import { ensureTool } from "./tools.js";
 
 export const procs: ChildProcess[] = [];
+const leftovers: string[] = [];
+
+/**
+ * Removes a benchmark's folder now if it can, else once its processes are stopped (a nats-server
+ * still writing its store makes the removal fail); a failed cleanup never fails a benchmark.
+ */
+export function removeLater(dir: string): void {
+  try {
+    rmSync(dir, { recursive: true, force: true, maxRetries: 2 });
+  } catch {
+    leftovers.push(dir);
+  }
+}
 
 export function cleanup(): void {
   for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
@@ -17,6 +31,8 @@ export function cleanup(): void {
 /** Stops every child politely (so that profilers can write their files), then kills what is left. */
 export async function stopAll(graceMs = 3000): Promise<void> {
   const alive = procs.filter((p) => p.exitCode === null && p.signalCode === null);
+  // the list is emptied: a run of several benchmarks stops each one's processes before the next
+  procs.length = 0;
   await Promise.all(
     alive.map(
       (p) =>
@@ -33,6 +49,7 @@ export async function stopAll(graceMs = 3000): Promise<void> {
         }),
     ),
   );
+  for (const dir of leftovers.splice(0)) rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
 }
 process.on("exit", cleanup);
 process.on("SIGINT", () => process.exit(130));
@@ -54,7 +71,7 @@ export function start(
   command: string,
   args: string[],
   env: NodeJS.ProcessEnv,
-  opts: { ipc?: boolean; logFile?: string } = {},
+  opts: { ipc?: boolean; logFile?: string; uid?: number } = {},
 ): Promise<ChildProcess> {
   return new Promise((resolve, reject) => {
     // CALLPLANE_BENCH_NODE_ARGS="--cpu-prof --cpu-prof-dir=/tmp/prof" profiles the services under test
@@ -66,6 +83,7 @@ export function start(
     const child = spawn(command, [...extra, ...args], {
       env: { ...process.env, ...env },
       stdio: opts.ipc ? ["ignore", out, "inherit", "ipc"] : ["ignore", out, "inherit"],
+      ...(opts.uid !== undefined ? { uid: opts.uid, gid: opts.uid } : {}),
     });
     if (typeof out === "number") closeSync(out);
     procs.push(child);
@@ -253,7 +271,8 @@ export function wrk(
   });
 }
 
-export const hasWrk = (): boolean => !spawnSync("wrk", ["-v"]).error;
+/** wrk is there (installed from Debian's package when missing and possible). */
+export const hasWrk = (): boolean => !(ensureTool("wrk") instanceof Error);
 
 /** A wrk script for one request shape. */
 export function wrkScript(
@@ -270,6 +289,42 @@ export function wrkScript(
       .join("\n")}\n${bodyBytes ? `wrk.body = string.rep("x", ${bodyBytes})` : ""}\n`,
   );
   return file;
+}
+
+/** A process's resident memory now (VmRSS) or at its peak (VmHWM), in KiB. */
+export function rssKiB(pid: number, field: "VmRSS" | "VmHWM" = "VmRSS"): number {
+  const m = new RegExp(`^${field}:\\s+(\\d+)`, "m").exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return m ? Number(m[1]) : NaN;
+}
+
+/** Resets the kernel's peak-RSS mark of a process (root, or the process's owner). */
+export function resetPeak(pid: number): void {
+  writeFileSync(`/proc/${pid}/clear_refs`, "5");
+}
+
+/** The 1, 5 and 15 minute load averages (runnable and waiting processes, whoever runs them). */
+export function loadavg(): [number, number, number] {
+  const [a, b, c] = readFileSync("/proc/loadavg", "utf8").split(" ").map(Number);
+  return [a, b, c];
+}
+
+export const median = (xs: number[]): number => {
+  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+  if (!s.length) return NaN;
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+/** The median of each numeric field over the rounds (nested one level for per-process maps). */
+export function medianOf<T extends object>(runs: T[]): T {
+  const first = runs[0] as Record<string, unknown>;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(first)) {
+    if (typeof v === "number") out[k] = median(runs.map((r) => (r as Record<string, number>)[k]));
+    else if (v && typeof v === "object" && !Array.isArray(v))
+      out[k] = medianOf(runs.map((r) => (r as Record<string, object>)[k]));
+    else out[k] = v;
+  }
+  return out as T;
 }
 
 export function machine(): string {

@@ -4,16 +4,31 @@
 // workers calling back through the callback proxy (what `npm start` sets up) and with workers
 // calling the replica's pod address directly (in-cluster). Prints throughput with many concurrent
 // clients, latency with one client at a time, CPU per invocation per process, and the ratios.
+// With several rounds, each round measures every path back to back; the figures are the medians
+// over the rounds, and each ratio the median of the rounds' ratios.
 import { join } from "node:path";
 import { startChain } from "./chain.js";
-import { cpuMs, hasWrk, load, machine, sequential, wrk, wrkScript, type LoadResult } from "./harness.js";
+import {
+  cpuMs,
+  hasWrk,
+  load,
+  machine,
+  medianOf,
+  sequential,
+  wrk,
+  wrkScript,
+  type LoadResult,
+} from "./harness.js";
 
 export interface InvokeBenchOptions {
   seconds: number;
   connections: number;
   workers: number;
   concurrency: number;
+  rounds: number;
 }
+
+const round3 = (x: number) => Math.round(x * 1000) / 1000;
 
 type Throughput = LoadResult & { loadgen: string; cpuMsPerRequest: Record<string, number> };
 
@@ -79,36 +94,53 @@ export async function benchInvoke(o: InvokeBenchOptions): Promise<Record<string,
         },
       };
     };
-    const latency = {
-      direct: await sequential({ ...paths.direct, seconds: o.seconds, body }),
-      directCallbacks: await sequential({ ...paths.directCallbacks, seconds: o.seconds, body }),
-      viaProxy: await sequential({ ...paths.viaProxy, seconds: o.seconds, body }),
-    };
-    const tp = {
-      direct: await throughput("direct"),
-      directCallbacks: await throughput("directCallbacks"),
-      viaProxy: await throughput("viaProxy"),
-    };
-    const added = (x: number) => Math.round((x - latency.direct.p50) * 100) / 100;
-    const ratio = (a: number, b: number) => Math.round((a / b) * 1000) / 1000;
+    const rounds = [];
+    for (let r = 0; r < Math.max(1, o.rounds); r++) {
+      const latency = {
+        direct: await sequential({ ...paths.direct, seconds: o.seconds, body }),
+        directCallbacks: await sequential({ ...paths.directCallbacks, seconds: o.seconds, body }),
+        viaProxy: await sequential({ ...paths.viaProxy, seconds: o.seconds, body }),
+      };
+      const tp = {
+        direct: await throughput("direct"),
+        directCallbacks: await throughput("directCallbacks"),
+        viaProxy: await throughput("viaProxy"),
+      };
+      rounds.push({
+        latency,
+        throughput: tp,
+        addedP50ms: {
+          directCallbacks: latency.directCallbacks.p50 - latency.direct.p50,
+          viaProxy: latency.viaProxy.p50 - latency.direct.p50,
+        },
+        ratio: {
+          directCallbacks: tp.directCallbacks.rps / tp.direct.rps,
+          viaProxy: tp.viaProxy.rps / tp.direct.rps,
+          p99: {
+            directCallbacks: tp.directCallbacks.p99 / tp.direct.p99,
+            viaProxy: tp.viaProxy.p99 / tp.direct.p99,
+          },
+          latencyP50: {
+            directCallbacks: latency.directCallbacks.p50 / latency.direct.p50,
+            viaProxy: latency.viaProxy.p50 / latency.direct.p50,
+          },
+        },
+      });
+    }
+    const m = medianOf(rounds);
+    const r3 = (x: Record<string, number>) =>
+      Object.fromEntries(Object.entries(x).map(([k, v]) => [k, round3(v)]));
     return {
       benchmark: "invoke",
       machine: machine(),
       options: o,
-      latency: {
-        ...latency,
-        addedP50ms: {
-          directCallbacks: added(latency.directCallbacks.p50),
-          viaProxy: added(latency.viaProxy.p50),
-        },
-      },
+      latency: { ...m.latency, addedP50ms: r3(m.addedP50ms) },
       throughput: {
-        ...tp,
-        ratio: {
-          directCallbacks: ratio(tp.directCallbacks.rps, tp.direct.rps),
-          viaProxy: ratio(tp.viaProxy.rps, tp.direct.rps),
-        },
+        ...m.throughput,
+        ratio: { directCallbacks: round3(m.ratio.directCallbacks), viaProxy: round3(m.ratio.viaProxy) },
       },
+      ratios: m.ratio,
+      rounds,
     };
   } finally {
     chain.close();

@@ -9,7 +9,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createCa, issueServerCert } from "../src/lib/pki.js";
-import { cpuMs, freePort, machine, procs, start, wrk, type WrkResult } from "./harness.js";
+import { requireTools } from "./tools.js";
+import { cpuMs, freePort, machine, median, medianOf, procs, start, wrk, type WrkResult } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const POD = "127-0-0-1.invocation.nvcf.svc.cluster.local";
@@ -26,12 +27,7 @@ export interface ProxyBenchOptions {
 }
 
 export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, unknown>> {
-  if (spawnSync("wrk", ["-v"]).error)
-    throw new Error(
-      "the proxy benchmark needs wrk (apt-get install wrk) and haproxy (apt-get install haproxy)",
-    );
-  if (spawnSync("haproxy", ["-v"]).error)
-    throw new Error("the proxy benchmark needs haproxy (apt-get install haproxy)");
+  requireTools("wrk", "haproxy");
   const dir = mkdtempSync(join(tmpdir(), "callplane-bench-proxy-"));
   try {
     const ca = await createCa("bench CA");
@@ -165,11 +161,8 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
       callplane: { url: `https://127.0.0.1:${cpPort}`, abs: true, pid: cp.pid },
       nodeTlsPipe: { url: `https://127.0.0.1:${pipePort}`, abs: true, pid: pipe.pid },
     };
-    const results: Record<string, Record<string, ProxyResult>> = {
-      small: {},
-      largeDown: {},
-      largeUp: {},
-    };
+    // every round's figures: round → scenario → path
+    const rounds: Array<Record<string, Record<string, ProxyResult>>> = [];
     // warm up every path (TLS session caches, JIT, connection pools)
     for (const [name, p] of Object.entries(paths)) {
       const s = join(dir, `warm-${name}.lua`);
@@ -177,6 +170,8 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
       await wrk(p.url, s, { seconds: 2, connections: 8 });
     }
     for (let round = 0; round < o.rounds; round++) {
+      const results: Record<string, Record<string, ProxyResult>> = { small: {}, largeDown: {}, largeUp: {} };
+      rounds.push(results);
       for (const scenario of ["small", "largeDown", "largeUp"] as const) {
         if (process.env.CALLPLANE_BENCH_ONLY && process.env.CALLPLANE_BENCH_ONLY !== scenario) continue;
         for (const [name, p] of Object.entries(paths)) {
@@ -189,31 +184,66 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
             connections: scenario === "small" ? o.connections : 8,
           });
           const cpu = p.pid ? ((cpuMs(p.pid) - before) * 1000) / Math.max(1, r.requests) : undefined;
-          const row = (results[scenario] ??= {});
-          const prev = row[name];
-          // keep the best round of each: the machine is shared, and noise only ever slows a run down
-          if (!prev || r.rps > prev.rps)
-            row[name] = {
-              ...r,
-              ...(cpu !== undefined ? { cpuUsPerRequest: Math.round(cpu) } : {}),
-            };
+          results[scenario][name] = {
+            ...r,
+            ...(cpu !== undefined ? { cpuUsPerRequest: Math.round(cpu) } : {}),
+          };
         }
       }
     }
     void podProc;
     void scripts;
-    const ratio = (a?: number, b?: number) =>
-      a === undefined || b === undefined ? undefined : Math.round((a / b) * 100) / 100;
+    // the median of each figure over the rounds; each ratio is the median of the rounds' ratios
+    const results: Record<string, Record<string, ProxyResult>> = {};
+    for (const scenario of ["small", "largeDown", "largeUp"])
+      for (const name of Object.keys(paths)) {
+        const runs = rounds.map((r) => r[scenario]?.[name]).filter((x): x is ProxyResult => x !== undefined);
+        if (runs.length) (results[scenario] ??= {})[name] = medianOf(runs);
+      }
     const vsHaproxy = (
-      scenario: keyof typeof results,
+      scenario: string,
       path: string,
-      metric: "rps" | "mbPerSec" | "cpuUsPerRequest",
-    ) => ratio(results[scenario]?.[path]?.[metric], results[scenario]?.haproxy?.[metric]);
+      metric: "rps" | "mbPerSec" | "cpuUsPerRequest" | "p99ms",
+    ) => {
+      const xs = rounds
+        .map((r) => {
+          const a = r[scenario]?.[path]?.[metric];
+          const b = r[scenario]?.haproxy?.[metric];
+          return a === undefined || b === undefined ? NaN : a / b;
+        })
+        .filter(Number.isFinite);
+      return xs.length ? Math.round(median(xs) * 100) / 100 : undefined;
+    };
+    const vsDirect = (scenario: string, path: string, metric: "rps" | "mbPerSec") => {
+      const xs = rounds
+        .map((r) => {
+          const a = r[scenario]?.[path]?.[metric];
+          const b = r[scenario]?.direct?.[metric];
+          return a === undefined || b === undefined ? NaN : a / b;
+        })
+        .filter(Number.isFinite);
+      return xs.length ? Math.round(median(xs) * 100) / 100 : undefined;
+    };
     return {
       benchmark: "proxy",
       machine: machine(),
       options: o,
       results,
+      rounds,
+      ratiosVsDirect: {
+        small: {
+          haproxy: vsDirect("small", "haproxy", "rps"),
+          callplane: vsDirect("small", "callplane", "rps"),
+        },
+        largeDown: {
+          haproxy: vsDirect("largeDown", "haproxy", "mbPerSec"),
+          callplane: vsDirect("largeDown", "callplane", "mbPerSec"),
+        },
+        largeUp: {
+          haproxy: vsDirect("largeUp", "haproxy", "rps"),
+          callplane: vsDirect("largeUp", "callplane", "rps"),
+        },
+      },
       ratios: {
         smallRpsVsHaproxy: vsHaproxy("small", "callplane", "rps"),
         largeDownMBsVsHaproxy: vsHaproxy("largeDown", "callplane", "mbPerSec"),
@@ -221,7 +251,9 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
         // the same ratios for the bare Node TLS byte pipe: the ceiling for a proxy built on node:tls
         nodeTlsPipeLargeDownMBsVsHaproxy: vsHaproxy("largeDown", "nodeTlsPipe", "mbPerSec"),
         nodeTlsPipeLargeUpRpsVsHaproxy: vsHaproxy("largeUp", "nodeTlsPipe", "rps"),
+        nodeTlsPipeSmallRpsVsHaproxy: vsHaproxy("small", "nodeTlsPipe", "rps"),
         smallCpuVsHaproxy: vsHaproxy("small", "callplane", "cpuUsPerRequest"),
+        smallP99VsHaproxy: vsHaproxy("small", "callplane", "p99ms"),
         largeDownCpuVsHaproxy: vsHaproxy("largeDown", "callplane", "cpuUsPerRequest"),
       },
     };

@@ -1,12 +1,18 @@
-// `npm run bench [-- invoke] [--seconds N] [--connections N] [--workers N] [--concurrency N]`
-// `npm run bench -- secrets [--iterations N] [--value-bytes N] [--functions N]`
+// `npm run bench [-- --quick]`: every benchmark of the report, then bench/RESULTS.md (bench/report.ts)
+// `npm run bench -- invoke [--seconds N] [--connections N] [--workers N] [--concurrency N] [--rounds N]`
+// `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets [options]`: one benchmark alone
+// `npm run bench -- all [--quick] [--only invoke,proxy] [--out FILE]`: the report, or part of it
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchGrpc } from "./grpc.js";
 import { benchInvoke } from "./invoke.js";
+import { benchPending } from "./pending.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
+import { reportMain } from "./report.js";
+import { benchScale } from "./scale.js";
 import { benchSecrets } from "./secrets.js";
+import { benchSse } from "./sse.js";
 import { benchStream } from "./stream.js";
 
 function flag(name: string, def: number): number {
@@ -14,16 +20,26 @@ function flag(name: string, def: number): number {
   return i === -1 ? def : Number(process.argv[i + 1]);
 }
 
-const which = process.argv[2] && !process.argv[2].startsWith("--") ? process.argv[2] : "invoke";
+/** A comma-separated list of numbers: `--replicas 1,2,4`. */
+function list(name: string, def: number[]): number[] {
+  const i = process.argv.indexOf(`--${name}`);
+  return i === -1 ? def : process.argv[i + 1].split(",").map(Number);
+}
+
+const which = process.argv[2] && !process.argv[2].startsWith("--") ? process.argv[2] : "all";
 
 async function main(): Promise<void> {
   let result: Record<string, unknown>;
-  if (which === "invoke") {
+  if (which === "all") {
+    await reportMain(process.argv.slice(2));
+    return;
+  } else if (which === "invoke") {
     result = await benchInvoke({
       seconds: flag("seconds", 10),
       connections: flag("connections", 32),
       workers: flag("workers", 1),
       concurrency: flag("concurrency", 128),
+      rounds: flag("rounds", 1),
     });
     type Lat = { p50: number; p99: number };
     type Tp = {
@@ -56,6 +72,7 @@ async function main(): Promise<void> {
       connections: flag("connections", 8),
       perConnection: flag("per-connection", 8),
       streamMiB: flag("stream-mib", 64),
+      rounds: flag("rounds", 1),
     });
     type Run = {
       rps: number;
@@ -160,6 +177,37 @@ async function main(): Promise<void> {
       );
     }
     console.log(`  ratios: ${JSON.stringify(result.ratios)}`);
+  } else if (which === "sse") {
+    result = await benchSse({
+      mib: flag("mib", 256),
+      rounds: flag("rounds", 3),
+      eventBytes: flag("event-bytes", 1024),
+    });
+    console.log(JSON.stringify(result, null, 2));
+  } else if (which === "scale") {
+    result = await benchScale({
+      seconds: flag("seconds", 5),
+      connections: flag("connections", 32),
+      rounds: flag("rounds", 3),
+      replicas: list("replicas", [1, 2, 4]),
+      workers: flag("workers", 1),
+      concurrency: flag("concurrency", 128),
+    });
+    console.log(JSON.stringify(result.results, null, 2));
+    console.log(`  ratios: ${JSON.stringify(result.ratios)}`);
+  } else if (which === "pending") {
+    const checkpoints = list("checkpoints", [1000]);
+    result = await benchPending({
+      checkpoints,
+      perProcess: flag("per-process", 15000),
+      concurrency: flag("concurrency", 1024),
+      pollSeconds: flag("poll-seconds", 900),
+      inflight: flag("inflight", 200),
+      settleSeconds: flag("settle", 5),
+      rampTimeoutSeconds: flag("ramp-timeout", 600),
+      memoryFloorMiB: flag("memory-floor-mib", 6144),
+    });
+    console.log(JSON.stringify(result, null, 2));
   } else if (which === "secrets") {
     result = await benchSecrets({
       iterations: flag("iterations", 2000),
@@ -180,7 +228,9 @@ async function main(): Promise<void> {
     console.log(`  envelope only: seal ${ms(env.seal)}; open ${ms(env.open)}`);
     console.log(`  (${String(result.notes)})`);
   } else {
-    throw new Error(`unknown benchmark ${which}; use invoke, proxy, stream or secrets`);
+    throw new Error(
+      `unknown benchmark ${which}; use all (the default), invoke, stream, sse, proxy, grpc, scale, pending or secrets`,
+    );
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");
   mkdirSync(dir, { recursive: true });

@@ -6,10 +6,11 @@
 // what comes back. For each process of the chain, the peak resident memory during the transfer
 // over its size just before it (the kernel's VmHWM, reset before each run).
 import { spawn } from "node:child_process";
-import { closeSync, openSync, ftruncateSync, readFileSync, writeFileSync } from "node:fs";
+import { closeSync, openSync, ftruncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { startChain } from "./chain.js";
-import { cpuMs, machine } from "./harness.js";
+import { requireTools } from "./tools.js";
+import { cpuMs, machine, median, resetPeak, rssKiB } from "./harness.js";
 
 export interface StreamBenchOptions {
   mib: number;
@@ -59,22 +60,41 @@ function curlEcho(
   });
 }
 
-function rssKiB(pid: number, field: "VmRSS" | "VmHWM"): number {
-  const m = new RegExp(`^${field}:\\s+(\\d+)`, "m").exec(readFileSync(`/proc/${pid}/status`, "utf8"));
-  return m ? Number(m[1]) : NaN;
+/** Per process role: the peak resident size during a transfer, its growth over the size before, CPU ms. */
+export interface TransferFootprint {
+  peakRssMiB: Record<string, number>;
+  peakGrowthMiB: Record<string, number>;
+  cpuMs: Record<string, number>;
 }
 
-/** Resets the kernel's peak-RSS mark of a process (root, or the process's owner). */
-function resetPeak(pid: number): void {
-  writeFileSync(`/proc/${pid}/clear_refs`, "5");
+/**
+ * Runs `transfer` and reads, for each process by role, its peak resident memory during it (the
+ * kernel's VmHWM, reset just before), that peak over its size just before, and the CPU it used.
+ */
+export async function withFootprint<T>(
+  roles: Record<string, number[]>,
+  transfer: () => Promise<T>,
+): Promise<{ result: T; footprint: TransferFootprint }> {
+  const pids = Object.entries(roles).flatMap(([role, ps]) => ps.map((pid) => ({ role, pid })));
+  const idle = new Map(pids.map(({ pid }) => [pid, rssKiB(pid, "VmRSS")]));
+  const cpu0 = new Map(pids.map(({ pid }) => [pid, cpuMs(pid)]));
+  for (const { pid } of pids) resetPeak(pid);
+  const result = await transfer();
+  const footprint: TransferFootprint = { peakRssMiB: {}, peakGrowthMiB: {}, cpuMs: {} };
+  for (const { role, pid } of pids) {
+    const peak = rssKiB(pid, "VmHWM");
+    footprint.peakRssMiB[role] = Math.max(footprint.peakRssMiB[role] ?? 0, Math.round(peak / 1024));
+    footprint.peakGrowthMiB[role] = Math.max(
+      footprint.peakGrowthMiB[role] ?? 0,
+      Math.round(Math.max(0, peak - idle.get(pid)!) / 1024),
+    );
+    footprint.cpuMs[role] = (footprint.cpuMs[role] ?? 0) + cpuMs(pid) - cpu0.get(pid)!;
+  }
+  return { result, footprint };
 }
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
-};
 
 export async function benchStream(o: StreamBenchOptions): Promise<Record<string, unknown>> {
+  requireTools("curl");
   const chain = await startChain({ workers: 1, concurrency: 8 });
   try {
     const file = join(chain.dir, "body.bin");
@@ -107,6 +127,7 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
     }
     type Row = {
       transfers: Transfer[];
+      peakRssMiB: Record<string, number[]>;
       peakGrowthMiB: Record<string, number[]>;
       cpuMsPerMiB: Record<string, number[]>;
     };
@@ -117,21 +138,15 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
           name === "echo"
             ? { echo: [chain.echo.proc.pid!] }
             : chain.roles(name as "viaProxy" | "directCallbacks");
-        const pids = Object.entries(roles).flatMap(([role, ps]) => ps.map((pid) => ({ role, pid })));
-        const idle = new Map(pids.map(({ pid }) => [pid, rssKiB(pid, "VmRSS")]));
-        const cpu0 = new Map(pids.map(({ pid }) => [pid, cpuMs(pid)]));
-        for (const { pid } of pids) resetPeak(pid);
-        const t = await curlEcho(p.url, body, p.headers);
+        const { result: t, footprint } = await withFootprint(roles, () => curlEcho(p.url, body, p.headers));
         if (t.status !== 200 || t.bytes !== o.mib * 2 ** 20)
           throw new Error(`${name}: status ${t.status}, ${t.bytes} of ${o.mib * 2 ** 20} bytes came back`);
-        const row = (rows[name] ??= { transfers: [], peakGrowthMiB: {}, cpuMsPerMiB: {} });
+        const row = (rows[name] ??= { transfers: [], peakRssMiB: {}, peakGrowthMiB: {}, cpuMsPerMiB: {} });
         row.transfers.push(t);
-        for (const { role, pid } of pids) {
-          const growth = Math.max(0, rssKiB(pid, "VmHWM") - idle.get(pid)!) / 1024;
-          (row.peakGrowthMiB[role] ??= []).push(Math.round(growth));
-          (row.cpuMsPerMiB[role] ??= []).push(
-            Math.round(((cpuMs(pid) - cpu0.get(pid)!) / o.mib) * 100) / 100,
-          );
+        for (const role of Object.keys(roles)) {
+          (row.peakRssMiB[role] ??= []).push(footprint.peakRssMiB[role]);
+          (row.peakGrowthMiB[role] ??= []).push(footprint.peakGrowthMiB[role]);
+          (row.cpuMsPerMiB[role] ??= []).push(Math.round((footprint.cpuMs[role] / o.mib) * 100) / 100);
         }
       }
     }
@@ -141,6 +156,7 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
         {
           mbPerSecEachWay: median(r.transfers.map((t) => t.mbPerSecEachWay)),
           runs: r.transfers.map((t) => t.mbPerSecEachWay),
+          peakRssMiB: Object.fromEntries(Object.entries(r.peakRssMiB).map(([k, v]) => [k, Math.max(...v)])),
           peakGrowthMiB: Object.fromEntries(
             Object.entries(r.peakGrowthMiB).map(([k, v]) => [k, Math.max(...v)]),
           ),
@@ -152,23 +168,26 @@ export async function benchStream(o: StreamBenchOptions): Promise<Record<string,
       {
         mbPerSecEachWay: number;
         runs: number[];
+        peakRssMiB: Record<string, number>;
         peakGrowthMiB: Record<string, number>;
         cpuMsPerMiB: Record<string, number>;
       }
     >;
-    const ratio = (a: number, b: number) => Math.round((a / b) * 100) / 100;
+    // the median over the rounds of each round's ratio (the two paths measured back to back)
+    const ratio = (a: string, b: string) =>
+      Math.round(
+        median(rows[a].transfers.map((t, i) => t.mbPerSecEachWay / rows[b].transfers[i].mbPerSecEachWay)) *
+          100,
+      ) / 100;
     return {
       benchmark: "stream",
       machine: machine(),
       options: o,
       results: summary,
       ratios: {
-        viaProxyVsEcho: ratio(summary.viaProxy.mbPerSecEachWay, summary.echo.mbPerSecEachWay),
-        viaProxyVsDirectCallbacks: ratio(
-          summary.viaProxy.mbPerSecEachWay,
-          summary.directCallbacks.mbPerSecEachWay,
-        ),
-        directCallbacksVsEcho: ratio(summary.directCallbacks.mbPerSecEachWay, summary.echo.mbPerSecEachWay),
+        viaProxyVsEcho: ratio("viaProxy", "echo"),
+        viaProxyVsDirectCallbacks: ratio("viaProxy", "directCallbacks"),
+        directCallbacksVsEcho: ratio("directCallbacks", "echo"),
       },
     };
   } finally {

@@ -1,8 +1,11 @@
 // The example inference server used by the demo, the tests and the benchmarks. One small HTTP
 // server with a route per behaviour a function may have:
 //   POST /echo            the request body back, byte for byte, streamed, with the same Content-Type
-//                         (?readPauseMs=N: a slow reader, pausing N ms after each MiB it reads)
-//   GET|POST /sse         server-sent events (?events=5&intervalMs=200)
+//                         (?readPauseMs=N: a slow reader, pausing N ms after each MiB it reads;
+//                         ?fault=stall|reset|hang-once&key=k: as /stall, /reset, /once-hang, for a
+//                         function whose inference URL is /echo)
+//   GET|POST /sse         server-sent events (?events=5&intervalMs=200; intervalMs=0: as fast as the
+//                         reader takes them; &bytes=N pads each event's data with N bytes)
 //   POST /slow            answers after ?seconds=3, writing NVCF progress files meanwhile
 //   GET|POST /large       ?bytes=N bytes of a repeating pattern, streamed (Content-Length set)
 //   POST /digest          {bytes, sha256} of the request body (for large uploads)
@@ -13,6 +16,8 @@
 //                         ?name=N adds that one secret's value; ?env=N says whether $N is set and
 //                         its digest
 //   ANY /hang             never answers; /stats counts how many such calls were abandoned
+//   ANY /stall            answers its head and 1 KiB of body, then never sends more (a stalled server)
+//   ANY /reset            answers its head and 64 KiB of body, then resets the connection
 //   ANY /once-hang?key=k  the first call with a key never answers; later calls echo (redelivery tests)
 //   GET /health, /v2/health/ready
 // It listens on INFERENCE_HOST:INFERENCE_PORT (default 127.0.0.1:8000) or --listen host:port.
@@ -66,6 +71,37 @@ function echoSlowly(req: IncomingMessage, res: ServerResponse, ms: number): void
   res.once("close", () => req.destroy());
 }
 
+/** The first call with a key never answers (and counts as hanging); later calls echo. */
+function onceHang(req: IncomingMessage, res: ServerResponse, key: string): void {
+  if (!seenKeys.has(key)) {
+    seenKeys.add(key);
+    stats.hanging++;
+    req.resume();
+    res.once("close", () => {
+      stats.hanging--;
+      stats.abandoned++;
+    });
+    return;
+  }
+  res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
+  req.pipe(res);
+}
+
+/** Answers its head and some body, then stalls for ever or resets the connection. */
+function misbehave(how: "stall" | "reset", req: IncomingMessage, res: ServerResponse): void {
+  req.resume();
+  res.writeHead(200, { "content-type": "application/octet-stream" });
+  res.write(Buffer.alloc(how === "stall" ? 1024 : 64 * 1024, "s"));
+  if (how === "reset") setTimeout(() => res.socket?.resetAndDestroy(), 50);
+  else {
+    stats.hanging++;
+    res.once("close", () => {
+      stats.hanging--;
+      stats.abandoned++;
+    });
+  }
+}
+
 export function handle(req: IncomingMessage, res: ServerResponse): void {
   stats.requests++;
   const url = new URL(req.url ?? "/", "http://inference");
@@ -74,6 +110,9 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     return json(res, 200, { status: "ok" });
   if (path === "/stats") return json(res, 200, stats);
   if (path === "/echo") {
+    const fault = url.searchParams.get("fault");
+    if (fault === "stall" || fault === "reset") return misbehave(fault, req, res);
+    if (fault === "hang-once") return onceHang(req, res, url.searchParams.get("key") ?? "");
     const headers: Record<string, string> = {
       "content-type": req.headers["content-type"] ?? "application/octet-stream",
     };
@@ -88,12 +127,29 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
   if (path === "/sse") {
     const events = Number(url.searchParams.get("events") ?? 5);
     const interval = Number(url.searchParams.get("intervalMs") ?? 200);
+    const pad = "x".repeat(Math.max(0, Number(url.searchParams.get("bytes") ?? 0)));
+    const event = (n: number) =>
+      `id: ${n}\ndata: ${JSON.stringify(pad ? { i: n, at: Date.now(), pad } : { i: n, at: Date.now() })}\n\n`;
     req.resume();
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
     let i = 0;
+    if (interval === 0) {
+      // a producer faster than any reader: write until the socket's buffer is full, then wait for drain
+      const burst = () => {
+        while (i < events && !res.destroyed) {
+          if (!res.write(event(i++))) {
+            res.once("drain", burst);
+            return;
+          }
+        }
+        if (!res.destroyed) res.end("event: done\ndata: {}\n\n");
+      };
+      burst();
+      return;
+    }
     const tick = () => {
       if (res.destroyed) return;
-      res.write(`id: ${i}\ndata: ${JSON.stringify({ i, at: Date.now() })}\n\n`);
+      res.write(event(i));
       i++;
       if (i >= events) res.end("event: done\ndata: {}\n\n");
       else setTimeout(tick, interval);
@@ -190,22 +246,9 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
     req.resume();
     return json(res, 200, { method: req.method, url: req.url, headers: req.headers });
   }
-  if (path === "/once-hang") {
-    const key = url.searchParams.get("key") ?? "";
-    if (!seenKeys.has(key)) {
-      seenKeys.add(key);
-      stats.hanging++;
-      req.resume();
-      res.once("close", () => {
-        stats.hanging--;
-        stats.abandoned++;
-      });
-      return;
-    }
-    res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
-    req.pipe(res);
-    return;
-  }
+  if (path === "/once-hang") return onceHang(req, res, url.searchParams.get("key") ?? "");
+  if (path === "/stall" || path === "/reset")
+    return misbehave(path === "/stall" ? "stall" : "reset", req, res);
   if (path === "/hang") {
     stats.hanging++;
     req.resume();

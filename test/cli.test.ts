@@ -103,6 +103,10 @@ test("--help works for the program and every noun and verb", async (t) => {
     ["admin", "token"],
     ["nats"],
     ["nats", "rotate-worker-key"],
+    ["nats", "auth-config"],
+    ["render"],
+    ["credentials"],
+    ["credentials", "generate"],
   ];
   for (const words of commands) {
     const r = await c.run([...words, "--help"]);

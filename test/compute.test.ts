@@ -108,6 +108,7 @@ test("compute agent, local backend (in process)", async (t) => {
       serviceDomain: "nvcf.svc.cluster.local",
       dataDir,
       keepAliveSeconds: 10,
+      inferenceIdleSeconds: 300,
       ackWaitSeconds: 30,
       streamMaxMessages: 1000,
       streamMaxMessageBytes: 1024 * 1024,

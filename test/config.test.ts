@@ -5,7 +5,7 @@
 // fields involved, since that is what an operator reads.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import {
@@ -15,7 +15,11 @@ import {
   localPodNetworkProblems,
   type ConfigInput,
 } from "../src/lib/config.js";
+import { POD_DATABASE_URL } from "../src/deploy/index.js";
 import { distRoot, tmpDir } from "./testkit/index.js";
+
+// compiled to dist/test/, so the repository root is two levels up
+const EXAMPLES_DIR = join(import.meta.dirname, "..", "..", "examples");
 
 /** Loads with no file and no process environment (only what the test gives). */
 function load(overrides: ConfigInput = {}, env: NodeJS.ProcessEnv = {}) {
@@ -431,9 +435,11 @@ test("nats.cluster rules: an odd size, replicas within it, every node in nats.ur
   assert.equal(even.length, 1, even.join("\n"));
   assertNames(even[0], ["nats.cluster.size", "odd"]);
   assert.ok(problems({ nats: { cluster: { size: 4 } } }).some((p) => p.includes("nats.cluster.size is 4")));
-  const beyond = problems({ nats: { stream: { replicas: 3 } } });
+  const beyond = problems({ nats: { cluster: { size: 3 }, stream: { replicas: 5 } } });
   assert.equal(beyond.length, 1, beyond.join("\n"));
-  assertNames(beyond[0], ["nats.stream.replicas", "nats.cluster.size", "at most 1"]);
+  assertNames(beyond[0], ["nats.stream.replicas", "nats.cluster.size", "at most 3"]);
+  // the size left unset: the file may be rendered for Kubernetes (three servers of its own), so it
+  // loads; the local stack, which runs one server then, refuses it (below)
   assertNames(problems({ nats: { cluster: { size: 6 } } })[0], ["nats.cluster.size"]);
   const missing = problems({ nats: { cluster: { size: 3 }, url: "tls://127.0.4.1:4222" } });
   assert.equal(missing.length, 1, missing.join("\n"));
@@ -448,6 +454,14 @@ test("nats.cluster rules: an odd size, replicas within it, every node in nats.ur
 
 test("nats.cluster on one machine: the node network may not overlap the pods' or the instances'", () => {
   assert.deepEqual(localNatsClusterProblems(load({ nats: { cluster: { size: 3 } } })), []);
+  const one = localNatsClusterProblems(load({ nats: { stream: { replicas: 3 } } }));
+  assert.equal(one.length, 1, one.join("\n"));
+  assertNames(one[0], ["nats.stream.replicas", "nats.cluster.size", "at most 1"]);
+  // an external NATS says nothing about its size the stack could check
+  assert.deepEqual(
+    localNatsClusterProblems(load({ nats: { server: { enabled: false }, stream: { replicas: 3 } } })),
+    [],
+  );
   const clash = localNatsClusterProblems(
     load({ nats: { cluster: { size: 3, nodeNetwork: "127.0.1.0/28" } } }),
   );
@@ -458,4 +472,29 @@ test("nats.cluster on one machine: the node network may not overlap the pods' or
     localNatsClusterProblems(load({ nats: { cluster: { nodeNetwork: "127.0.1.0/24" } } })),
     [],
   );
+});
+
+test("the example environment files load with the config loader (as the pods read them); one-machine passes the local stack's rule too", () => {
+  const files = readdirSync(EXAMPLES_DIR).filter((f) => f.endsWith(".yaml"));
+  for (const e of ["one-machine", "split-plane"])
+    assert.ok(files.includes(`${e}.yaml`), `examples/${e}.yaml`);
+  for (const f of files) {
+    const text = readFileSync(join(EXAMPLES_DIR, f), "utf8");
+    // a PostgreSQL URL is never in the file: the API's pods get it from a Secret, as an override
+    const env = /driver: postgres/.test(text) ? { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL } : {};
+    assert.doesNotThrow(() => loadConfig({ file: join(EXAMPLES_DIR, f), env, cwd: "/tmp" }), f);
+  }
+  const split = loadConfig({
+    file: join(EXAMPLES_DIR, "split-plane.yaml"),
+    env: { CALLPLANE__API__DATABASE__URL: POD_DATABASE_URL },
+    cwd: "/tmp",
+  });
+  assert.equal(split.workerCallbackProxy.enabled, true);
+  assert.equal(split.invocation.replicaCount, 3);
+  assert.equal(split.grpcproxy.replicaCount, 3);
+  assert.equal(split.workerCallbackProxy.replicaCount, 3);
+  // npm start -- --config examples/one-machine.yaml: nothing the local stack adds refuses it
+  const one = loadConfig({ file: join(EXAMPLES_DIR, "one-machine.yaml"), env: {}, cwd: "/tmp" });
+  assert.deepEqual(localPodNetworkProblems(one), []);
+  assert.deepEqual(localNatsClusterProblems(one), []);
 });

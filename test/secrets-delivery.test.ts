@@ -50,6 +50,7 @@ test("an instance's inference server reads its function's secrets; an update rea
       serviceDomain: "nvcf.svc.cluster.local",
       dataDir,
       keepAliveSeconds: 10,
+      inferenceIdleSeconds: 300,
       ackWaitSeconds: DEFAULT_QUEUE_LIMITS.ackWaitSeconds,
       streamMaxMessages: DEFAULT_QUEUE_LIMITS.maxMessages,
       streamMaxMessageBytes: DEFAULT_QUEUE_LIMITS.maxMessageBytes,

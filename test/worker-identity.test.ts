@@ -29,6 +29,7 @@ function instanceEnv(plane: { nats: { url: string; pki: { ca: { certPem: string 
     serviceDomain: "nvcf.svc.cluster.local",
     dataDir,
     keepAliveSeconds: 10,
+    inferenceIdleSeconds: 300,
     ackWaitSeconds: 30,
     streamMaxMessages: 1000,
     streamMaxMessageBytes: 1024 * 1024,

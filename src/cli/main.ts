@@ -3,6 +3,7 @@
 // flag, a missing argument) exit 2, other errors exit 1.
 import { Command, CommanderError } from "commander";
 import { registerAdmin } from "./commands/admin.js";
+import { registerCredentials } from "./commands/credentials.js";
 import { registerDeploy } from "./commands/deploy.js";
 import { registerFunction } from "./commands/function.js";
 import { registerInit } from "./commands/init.js";
@@ -10,6 +11,7 @@ import { registerInvoke } from "./commands/invoke.js";
 import { registerKey } from "./commands/key.js";
 import { registerNats } from "./commands/nats.js";
 import { registerPki } from "./commands/pki.js";
+import { registerRender } from "./commands/render.js";
 import { registerSecret } from "./commands/secret.js";
 import { registerSecrets } from "./commands/secrets.js";
 import { registerStatus } from "./commands/status.js";
@@ -100,6 +102,8 @@ export function buildProgram(): Command {
   registerAdmin(program);
   registerPki(program);
   registerNats(program);
+  registerRender(program);
+  registerCredentials(program);
   configure(program, false);
   return program;
 }

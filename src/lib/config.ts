@@ -55,6 +55,87 @@ const dnsName = z
 const seconds = (def: number, max = 86_400) => z.number().positive().max(max).default(def);
 const section = <T extends z.ZodRawShape>(shape: T) => z.strictObject(shape).prefault({} as never);
 
+// ---- what only `callplane render` reads (Kubernetes); the local stack ignores it
+
+/** Annotation keys the rendered manifests set themselves: an operator's value would be overwritten. */
+export const RESERVED_ANNOTATIONS = {
+  exact: ["checksum/config"],
+  prefixes: ["nvcf.nvidia.com/nats-worker-auth"],
+} as const;
+
+/** Where an annotation key is reserved, the sentence that says why; undefined when it is free. */
+export function reservedAnnotation(key: string): string | undefined {
+  if ((RESERVED_ANNOTATIONS.exact as readonly string[]).includes(key))
+    return "it is the hash of the pod's configuration, which the rendered manifests set so that a configuration change rolls the pods";
+  if (RESERVED_ANNOTATIONS.prefixes.some((p) => key.startsWith(p)))
+    return "keys starting with nvcf.nvidia.com/nats-worker-auth are reserved for the auth callout's restart on a worker auth change";
+  return undefined;
+}
+
+const annotationKey =
+  /^(?:(?=[^/]{1,253}\/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$/;
+
+/**
+ * A service's pod annotations (the seed's `<service>.podAnnotations`): passed to its pods unchanged;
+ * values must be strings, and keys the manifests manage themselves are refused by name.
+ */
+const podAnnotations = () =>
+  z
+    .record(z.string(), z.unknown())
+    .superRefine((rec, ctx) => {
+      for (const [key, value] of Object.entries(rec)) {
+        const reserved = reservedAnnotation(key);
+        if (reserved) {
+          ctx.addIssue({
+            code: "custom",
+            path: [key],
+            message: `the annotation key "${key}" is reserved: ${reserved}. Remove it`,
+          });
+        } else if (!annotationKey.test(key)) {
+          ctx.addIssue({
+            code: "custom",
+            path: [key],
+            message: `"${key}" is not a Kubernetes annotation key ([prefix/]name: a DNS subdomain prefix, a name of at most 63 letters, digits, "-", "_" and ".")`,
+          });
+        } else if (typeof value !== "string") {
+          ctx.addIssue({
+            code: "custom",
+            path: [key],
+            message: `the value of annotation "${key}" must be a string, not ${value === null ? "null" : typeof value}: quote it (${JSON.stringify(String(value))})`,
+          });
+        }
+      }
+    })
+    .transform((rec) => rec as Record<string, string>)
+    .default({});
+
+const quantity = z
+  .string()
+  .regex(
+    /^(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$/,
+    "must be a Kubernetes quantity, for example 250m, 1, 512Mi or 1Gi",
+  );
+/** Container resources of a service's pods: requests for scheduling, a memory limit, no CPU limit. */
+const resources = (cpu: string, memory: string, memoryLimit: string) =>
+  section({
+    requests: section({ cpu: quantity.default(cpu), memory: quantity.default(memory) }),
+    limits: section({ memory: quantity.default(memoryLimit) }),
+  });
+/** A HorizontalPodAutoscaler for a front-door service (off unless asked for). */
+const autoscaling = () =>
+  section({
+    enabled: z.boolean().default(false),
+    minReplicas: z.number().int().min(1).max(250).default(2),
+    maxReplicas: z.number().int().min(1).max(250).default(10),
+    targetCPUUtilizationPercentage: z.number().int().min(1).max(100).default(80),
+  });
+const k8sName = z
+  .string()
+  .regex(
+    /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
+    "must be a Kubernetes name: lower-case letters, digits and dashes, at most 63",
+  );
+
 export const configSchema = z.strictObject({
   global: section({
     region: z
@@ -73,6 +154,8 @@ export const configSchema = z.strictObject({
     level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
   }),
   nats: section({
+    podAnnotations: podAnnotations(),
+    resources: resources("250m", "512Mi", "1Gi"),
     // unset: derived from the stack's own server(s), nats.server.listen or every cluster node
     url: z
       .string()
@@ -133,6 +216,9 @@ export const configSchema = z.strictObject({
     }),
   }),
   api: section({
+    replicaCount: z.number().int().min(1).max(50).default(1),
+    podAnnotations: podAnnotations(),
+    resources: resources("100m", "256Mi", "512Mi"),
     listen: hostPort.default("127.0.0.1:8080"),
     url: optionalUrl(["http", "https"]),
     maxBodyBytes: z
@@ -147,7 +233,11 @@ export const configSchema = z.strictObject({
       maxConnections: z.number().int().min(1).max(1000).default(10),
     }),
   }),
+  apikeys: section({ podAnnotations: podAnnotations() }),
+  ess: section({ podAnnotations: podAnnotations() }),
   natsAuthCalloutService: section({
+    podAnnotations: podAnnotations(),
+    resources: resources("50m", "64Mi", "256Mi"),
     serviceConfig: section({
       logging: section({
         level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
@@ -160,6 +250,8 @@ export const configSchema = z.strictObject({
   }),
   adminIssuerProxy: section({
     enabled: z.boolean().default(true),
+    podAnnotations: podAnnotations(),
+    resources: resources("50m", "64Mi", "256Mi"),
     listen: hostPort.default("127.0.0.1:8081"),
     url: optionalUrl(["http", "https"]),
     tokenTtlSeconds: seconds(43_200, 7 * 86_400),
@@ -196,6 +288,9 @@ export const configSchema = z.strictObject({
   }),
   invocation: section({
     replicaCount: z.number().int().min(1).max(250).default(2),
+    podAnnotations: podAnnotations(),
+    resources: resources("250m", "256Mi", "1Gi"),
+    autoscaling: autoscaling(),
     podNetwork: cidr.default("127.0.1.0/24"),
     port: z.number().int().min(0).max(65535).default(8080),
     selfAddress: optionalUrl(["http", "https"]),
@@ -229,6 +324,7 @@ export const configSchema = z.strictObject({
   }),
   worker: section({
     keepAliveSeconds: seconds(10, 600),
+    inferenceIdleSeconds: z.number().min(0).max(86_400).default(300),
   }),
   pki: section({
     dir: z.string().default(""),
@@ -237,6 +333,13 @@ export const configSchema = z.strictObject({
   }),
   workerCallbackProxy: section({
     enabled: z.boolean().default(true),
+    replicaCount: z.number().int().min(1).max(50).default(1),
+    podAnnotations: podAnnotations(),
+    resources: resources("250m", "128Mi", "512Mi"),
+    autoscaling: autoscaling(),
+    service: section({
+      type: z.enum(["ClusterIP", "LoadBalancer", "NodePort"]).default("ClusterIP"),
+    }),
     workerDomain: dnsName.default("worker.callplane.test"),
     listen: hostPort.default("127.0.0.1:10084"),
     metricsListen: hostPort.default("127.0.0.1:10083"),
@@ -257,6 +360,13 @@ export const configSchema = z.strictObject({
       frontend: section({
         certFile: z.string().default(""),
         keyFile: z.string().default(""),
+        existingSecret: z.union([z.literal(""), k8sName]).default(""),
+        certificate: section({
+          issuerRef: section({
+            kind: z.enum(["Issuer", "ClusterIssuer"]).default("Issuer"),
+            name: z.union([z.literal(""), k8sName]).default(""),
+          }),
+        }),
       }),
     }),
     timeouts: section({
@@ -271,6 +381,9 @@ export const configSchema = z.strictObject({
   }),
   grpcproxy: section({
     replicaCount: z.number().int().min(0).max(250).default(2),
+    podAnnotations: podAnnotations(),
+    resources: resources("250m", "256Mi", "1Gi"),
+    deployment: section({ autoscaling: autoscaling() }),
     podNetwork: cidr.default("127.0.2.0/24"),
     port: z.number().int().min(0).max(65535).default(10081),
     connectPort: z.number().int().min(0).max(65535).default(10086),
@@ -291,6 +404,8 @@ export const configSchema = z.strictObject({
   }),
   compute: section({
     backend: z.enum(["local"]).default("local"),
+    podAnnotations: podAnnotations(),
+    resources: resources("100m", "256Mi", "1Gi"),
     secrets: section({
       dir: z.string().default(""),
       env: z.boolean().default(false),
@@ -311,6 +426,31 @@ export const configSchema = z.strictObject({
         .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "must be letters, digits, dots, dashes and underscores")
         .default("local"),
       tokenTtlSeconds: z.number().int().min(30).max(3600).default(900),
+    }),
+  }),
+  ingress: section({
+    gatewayApi: section({
+      enabled: z.boolean().default(true),
+      gatewayClassName: k8sName.default("eg"),
+      domain: dnsName.default("callplane.example.com"),
+      tls: section({ secretName: k8sName.default("callplane-gateway-tls") }),
+      routes: section({
+        grpcWorker: section({
+          enabled: z.boolean().default(false),
+          listenerName: k8sName.default("worker-tcp"),
+        }),
+        nats: section({ enabled: z.boolean().default(true) }),
+      }),
+    }),
+  }),
+  kubernetes: section({
+    image: z.string().default(""),
+    imagePullPolicy: z.enum(["IfNotPresent", "Always", "Never"]).default("IfNotPresent"),
+    natsImage: z.string().min(1).default("nats:2.10.27-alpine"),
+    workerNamespace: k8sName.default("callplane-workers"),
+    nats: section({
+      storageSize: quantity.default("10Gi"),
+      storageClassName: z.string().default(""),
     }),
   }),
 });
@@ -341,18 +481,26 @@ function formatIssues(issues: z.core.$ZodIssue[]): string[] {
 }
 
 /** The rules of a NATS cluster: replicas within the cluster, node addresses, every node given to clients. */
-function natsClusterProblems(c: Config, urlUnset: boolean): string[] {
+function replicaProblems(c: Config): string[] {
+  const n = c.nats;
+  if (n.stream.replicas <= n.cluster.size) return [];
+  return [
+    `nats.stream.replicas is ${n.stream.replicas} but nats.cluster.size is ${n.cluster.size}: a work-queue stream cannot have more replicas than the cluster has servers, and JetStream would refuse to create it. ` +
+      `Lower nats.stream.replicas to at most ${n.cluster.size}, or raise nats.cluster.size to at least ${n.stream.replicas}`,
+  ];
+}
+
+function natsClusterProblems(c: Config, urlUnset: boolean, sizeSet: boolean): string[] {
   const p: string[] = [];
   const n = c.nats;
   if (n.cluster.size % 2 === 0)
     p.push(
       `nats.cluster.size is ${n.cluster.size}: it must be 1 (one server) or an odd number of nodes (3 or 5). JetStream's Raft groups need a majority of the nodes, so ${n.cluster.size} nodes survive no more losses than ${n.cluster.size - 1}, and a split into two halves stops the queues`,
     );
-  if (n.stream.replicas > n.cluster.size)
-    p.push(
-      `nats.stream.replicas is ${n.stream.replicas} but nats.cluster.size is ${n.cluster.size}: a work-queue stream cannot have more replicas than the cluster has servers, and JetStream would refuse to create it. ` +
-        `Lower nats.stream.replicas to at most ${n.cluster.size}, or raise nats.cluster.size to at least ${n.stream.replicas}`,
-    );
+  // with the size set, replicas beyond it are refused everywhere; left unset, the size is the local
+  // stack's (one server, checked by localNatsClusterProblems), while a rendered cluster runs its own
+  // three servers whatever it says (src/deploy checks replicas against those)
+  if (sizeSet) p.push(...replicaProblems(c));
   if (n.cluster.size === 1 || !n.server.enabled) return p;
   const room = nodeNetworkCapacity(n.cluster.nodeNetwork);
   if (room < n.cluster.size) {
@@ -380,7 +528,10 @@ function natsClusterProblems(c: Config, urlUnset: boolean): string[] {
 }
 
 /** Rules that relate fields; each message names every field involved. */
-function crossFieldProblems(c: Config, explicitlyEmpty: { webhookUrl: boolean; natsUrl: boolean }): string[] {
+function crossFieldProblems(
+  c: Config,
+  explicitlyEmpty: { webhookUrl: boolean; natsUrl: boolean; clusterSizeSet: boolean },
+): string[] {
   const p: string[] = [];
   const we = c.global.workerEndpoints;
   if (
@@ -466,7 +617,7 @@ function crossFieldProblems(c: Config, explicitlyEmpty: { webhookUrl: boolean; n
     }
     if (!ok) p.push("nats.authCallout.workerTokenAuth.webhookUrl: must be an http or https URL");
   }
-  p.push(...natsClusterProblems(c, explicitlyEmpty.natsUrl));
+  p.push(...natsClusterProblems(c, explicitlyEmpty.natsUrl, explicitlyEmpty.clusterSizeSet));
   const g = c.grpcproxy;
   if (
     g.workerConnectBaseURL &&
@@ -498,6 +649,19 @@ function crossFieldProblems(c: Config, explicitlyEmpty: { webhookUrl: boolean; n
   if (c.invocation.poll.defaultSeconds > c.invocation.poll.maxSeconds) {
     p.push("invocation.poll.defaultSeconds is larger than invocation.poll.maxSeconds");
   }
+  for (const [key, a] of [
+    ["invocation.autoscaling", c.invocation.autoscaling],
+    ["grpcproxy.deployment.autoscaling", c.grpcproxy.deployment.autoscaling],
+    ["workerCallbackProxy.autoscaling", c.workerCallbackProxy.autoscaling],
+  ] as const) {
+    if (a.minReplicas > a.maxReplicas)
+      p.push(`${key}.minReplicas (${a.minReplicas}) is larger than ${key}.maxReplicas (${a.maxReplicas})`);
+  }
+  const frontend = c.workerCallbackProxy.tls.frontend;
+  if (frontend.existingSecret && frontend.certificate.issuerRef.name)
+    p.push(
+      `workerCallbackProxy.tls.frontend.existingSecret (${frontend.existingSecret}) and workerCallbackProxy.tls.frontend.certificate.issuerRef.name (${frontend.certificate.issuerRef.name}) are both set: the frontend certificate either comes from your Secret or is issued by that issuer. Set one of them`,
+    );
   return p;
 }
 
@@ -552,13 +716,17 @@ function unwrap(t: z.ZodType): z.ZodType {
 }
 
 /**
- * On one machine, the nodes of the stack's NATS cluster (nats.cluster.nodeNetwork) take loopback
+ * The local stack's NATS: its servers are all there are, so nats.stream.replicas may not exceed
+ * nats.cluster.size (set or not). On one machine, the nodes of the stack's NATS cluster (nats.cluster.nodeNetwork) take loopback
  * addresses of their own: a network that overlaps the pods' or the instances' would give a node
  * and a replica or an instance the same address. (Across machines the nodes are pods.)
  */
 export function localNatsClusterProblems(c: Config): string[] {
   const p: string[] = [];
-  if (!c.nats.server.enabled || c.nats.cluster.size === 1) return p;
+  if (!c.nats.server.enabled) return p;
+  // the servers the stack runs are all there are
+  p.push(...replicaProblems(c));
+  if (c.nats.cluster.size === 1) return p;
   const nodes = parseCidr(c.nats.cluster.nodeNetwork);
   // two networks overlap when the wider one holds the narrower one's first address
   const overlaps = (other: string) => {
@@ -676,7 +844,13 @@ export function loadConfig(opts: LoadOptions = {}): Config {
   const replicasSet =
     (doc.nats as { stream?: { replicas?: unknown } } | undefined)?.stream?.replicas !== undefined;
   if (!replicasSet) config.nats.stream.replicas = Math.min(config.nats.cluster.size, 3);
-  const cross = crossFieldProblems(config, { webhookUrl: hook === "", natsUrl: config.nats.url === "" });
+  const clusterSizeSet =
+    (doc.nats as { cluster?: { size?: unknown } } | undefined)?.cluster?.size !== undefined;
+  const cross = crossFieldProblems(config, {
+    webhookUrl: hook === "",
+    natsUrl: config.nats.url === "",
+    clusterSizeSet,
+  });
   if (cross.length) throw new ConfigError(source, cross);
   resolveDerived(config, opts.cwd ?? process.cwd());
   const afterDerived = keyFileProblems(config);

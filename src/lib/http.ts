@@ -308,8 +308,8 @@ export interface HttpService {
   listen(): Promise<URL>;
   /**
    * Drains the way load balancers and Kubernetes expect. At once: /health answers 503 "draining"
-   * (readiness fails first), idle keep-alive connections close, and every response asks for
-   * `Connection: close`, so clients move to other replicas. For `delayMs` requests are still served
+   * (readiness fails first), and every response asks for `Connection: close`, so clients move to
+   * other replicas; idle keep-alive connections close when the delay ends. For `delayMs` requests are still served
    * (the balancer has not noticed yet); after it, new requests get 503 SHUTTING_DOWN, except on
    * routes marked duringDrain. It keeps listening until the work in flight has finished, or for
    * `graceMs`, then closes every connection.
@@ -511,14 +511,17 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     async close(graceMs = 10_000, delayMs = 0) {
       if (draining) return;
       draining = true;
-      // Responses not yet begun ask for Connection: close too; idle keep-alive connections would
-      // otherwise hold clients (and this process) until their timeout.
+      // Responses not yet begun ask for Connection: close too.
       for (const s of sockets) {
         const current = (s as Socket & { _httpMessage?: ServerResponse })._httpMessage;
         if (current && !current.headersSent) current.shouldKeepAlive = false;
       }
-      server.closeIdleConnections();
+      // Idle keep-alive connections close once the balancer has had the delay to notice, not at
+      // once: closing one races the next request a balancer sends on it (HAProxy then drops its
+      // client's connection unanswered; seen in the fault suite's rolling restart). With no delay
+      // nothing will be sent, and they close now.
       if (delayMs > 0) await new Promise((r) => setTimeout(r, delayMs));
+      server.closeIdleConnections();
       refusing = true;
       // Keep listening while draining: work in flight may still need new connections (a worker's
       // callback for a request this replica holds), and late clients get a clear 503 with

@@ -36,6 +36,7 @@ stop = threading.Event()
 lock = threading.Lock()
 counts = {"sent": 0, "answered": 0, "failed": 0, "wrong": 0}
 reasons = {}
+fail_at = []  # seconds since the start of each failure (the first 1000)
 latencies = []
 in_flight = 0
 
@@ -47,6 +48,8 @@ def record(outcome, ms=None, reason=None):
         counts[outcome] += 1
         if reason:
             reasons[reason] = reasons.get(reason, 0) + 1
+        if outcome != "answered" and len(fail_at) < 1000:
+            fail_at.append(round(time.monotonic() - started, 2))
         if ms is not None and outcome == "answered":
             latencies.append(ms)
 
@@ -160,6 +163,8 @@ threads = [
     for i in range(args.concurrency)
 ]
 started = time.monotonic()
+started_wall = int(time.time() * 1000)
+print(json.dumps({"started": started_wall}), flush=True)
 for t in threads:
     t.start()
 while not stop.is_set() and time.monotonic() - started < args.duration:
@@ -180,5 +185,7 @@ with lock:
     out["p50ms"] = q(0.5)
     out["p99ms"] = q(0.99)
     out["seconds"] = round(time.monotonic() - started, 1)
+    out["startedAtMs"] = started_wall
+    out["failAt"] = fail_at
 print(json.dumps({"result": out}), flush=True)
 os._exit(0)

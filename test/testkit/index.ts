@@ -104,6 +104,10 @@ export interface Nats {
   serviceEnv(): Record<string, string>;
   /** Rewrites the configuration from the key files (after a key rotation) and signals a reload. */
   reload(): void;
+  /** Stops the server process (SIGKILL with `kill`), keeping its folder, keys and port. */
+  stopServer(how?: "term" | "kill"): Promise<void>;
+  /** Starts it again on the same port with the same store (JetStream keeps its streams). */
+  startServer(): Promise<void>;
   /**
    * Replaces the auth callout this server runs with (by default one in this process that knows
    * the shared worker nkey and no webhook, as in nkey mode).
@@ -152,11 +156,15 @@ export async function startNats(
       },
     );
   const files = writeConfig(-1);
-  const child = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
-    stdio: ["ignore", "ignore", "pipe"],
-  });
   let stderr = "";
-  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  const spawnServer = () => {
+    const c = spawn(natsServerBinary(), ["-c", files.configFile, "--ports_file_dir", dir], {
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    c.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-32_768)));
+    return c;
+  };
+  let child = spawnServer();
   let callout: ReturnType<typeof createNatsAuthCallout> | undefined;
   const stop = async () => {
     await callout?.close().catch(() => undefined);
@@ -205,7 +213,9 @@ export async function startNats(
     servers: 1,
     host,
     port,
-    process: child,
+    get process() {
+      return child;
+    },
     stop,
     pki,
     caFile,
@@ -228,6 +238,18 @@ export async function startNats(
     reload() {
       writeConfig(port);
       child.kill("SIGHUP");
+    },
+    async stopServer(how = "term") {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill(how === "kill" ? "SIGKILL" : "SIGTERM");
+      await exited;
+    },
+    async startServer() {
+      if (child.exitCode === null && child.signalCode === null) return;
+      writeConfig(port);
+      child = spawnServer();
+      await waitForNats({ host, port });
     },
     serviceEnv: () => ({
       CALLPLANE__NATS__URL: url,

@@ -245,6 +245,14 @@ export async function startNatsCluster(
       }
     },
     replaceCallout,
+    // the whole cluster at once, as one server's stopServer/startServer (a node alone: nodes[i])
+    async stopServer(how = "term") {
+      await Promise.all(nodes.map((n) => n.kill(how === "kill" ? "SIGKILL" : "SIGTERM")));
+    },
+    async startServer() {
+      await Promise.all(nodes.map((n) => n.start()));
+      await waitHealthy();
+    },
     serviceEnv: () => ({
       CALLPLANE__NATS__URL: url,
       CALLPLANE__NATS__CREDENTIALS_DIR: credentialsDir,

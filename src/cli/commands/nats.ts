@@ -6,8 +6,9 @@
 // `callplane nats status`: the health of every NATS server (a cluster's nodes, their routes, the
 // JetStream leader, each work queue's replicas), read through the system account as nats-monitor.
 import type { Command } from "commander";
+import { writeFileAtomic } from "../../lib/auth.js";
 import { rotateWorkerKeyAndClose } from "../../lib/nats-admin.js";
-import { natsAccess } from "../../lib/nats-auth.js";
+import { natsAccess, natsServerAuthConfig } from "../../lib/nats-auth.js";
 import { natsClusterHealth } from "../../lib/nats-health.js";
 import { connectNats, drainOrClose } from "../../lib/queue.js";
 import { silentLogger } from "../../lib/log.js";
@@ -139,5 +140,38 @@ export function registerNats(program: Command): void {
         console.log(
           "nats.workerAuth is nkey: workers started from now on get the new key; running ones must be replaced (redeploy)",
         );
+    });
+
+  nats
+    .command("auth-config")
+    .description(
+      "write nats-server's accounts and auth callout block from the services' nkey seeds (the NATS pods' init container runs it)",
+    )
+    .requiredOption("--credentials-dir <dir>", "the folder of nkey seeds (<role>.nk, auth-callout-issuer.nk)")
+    .requiredOption("--region <region>", "global.region: the region the grants name")
+    .requiredOption("--out <file>", "where to write it (nats-server includes it)")
+    .addHelpText(
+      "after",
+      `
+The block names only public keys, derived from the seeds: every service role of the permission
+table (docs/architecture.md) and the auth callout's issuer. The local stack writes the same block
+into its own nats-server configuration.`,
+    )
+    .action((opts: { credentialsDir: string; region: string; out: string }) => {
+      let text: string;
+      try {
+        text = natsServerAuthConfig(opts.credentialsDir, opts.region);
+      } catch (err) {
+        throw new CliError(
+          `cannot build the NATS auth configuration: ${(err as Error).message}`,
+          "NATS_KEYS",
+        );
+      }
+      try {
+        writeFileAtomic(opts.out, `${text}\n`, 0o600);
+      } catch (err) {
+        throw new CliError(`cannot write ${opts.out}: ${(err as Error).message}`, "WRITE_FAILED");
+      }
+      console.log(`wrote ${opts.out}`);
     });
 }

@@ -54,6 +54,8 @@ export interface CallbackProxyOptions {
 }
 
 const MAX_HEADERS = 100;
+/** While draining, how long a callback connection may sit idle before the proxy ends it. */
+const IDLE_DRAIN_MS = 2000;
 // never dropped because a Connection header lists them: the callback needs them
 const PROTECTED = new Set(["authorization", "content-type", "content-length", "host"]);
 const DROP_UPSTREAM = new Set(["host"]);
@@ -210,6 +212,11 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
     workerOf(req);
+    const socket = req.socket;
+    idleSince.set(socket, undefined);
+    res.once("close", () => {
+      if (idleSince.has(socket)) idleSince.set(socket, performance.now());
+    });
     // draining: each worker is told to take its next callback elsewhere (through the balancer)
     if (draining) res.shouldKeepAlive = false;
     const started = performance.now();
@@ -447,6 +454,13 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   }
 
   let draining = false;
+  // each callback connection, and since when it has been idle (undefined while a callback is on it)
+  const idleSince = new Map<Socket, number | undefined>();
+  /** Ends the callback connections idle for at least `ms`. */
+  function endIdle(ms: number): void {
+    const now = performance.now();
+    for (const [s, since] of idleSince) if (since !== undefined && now - since >= ms) s.end();
+  }
   const server = createHttpServer(
     {
       maxHeaderSize: opts.maxHeaderBytes,
@@ -659,7 +673,11 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     route(socket) {
       const label = grpcPod(socket.servername);
       if (label !== undefined && label !== "invocation") routeGrpc(socket, label, performance.now());
-      else server.emit("connection", socket);
+      else {
+        idleSince.set(socket, performance.now());
+        socket.once("close", () => idleSince.delete(socket));
+        server.emit("connection", socket);
+      }
     },
   });
 
@@ -697,16 +715,25 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       return draining;
     },
     /**
-     * Drains as balancers expect: readiness fails at once, idle callback connections close and every
-     * answer asks for Connection: close; callbacks are still taken for `drainDelayMs`, then no new
-     * connections, and those in flight (and gRPC tunnels) get `graceMs` to end.
+     * Drains as balancers expect: readiness fails at once and every answer asks for Connection:
+     * close; callbacks are still taken for `drainDelayMs`, then no new connections, and those in
+     * flight (and gRPC tunnels) get `graceMs` to end.
+     *
+     * Idle connections are not closed the moment the drain begins: a server that closes a
+     * kept-alive connection races the worker's next request on it, which then fails unanswered
+     * (seen in the fault suite: a worker's answer lost, its client waiting). A worker that sends
+     * one more callback on it gets its answer with Connection: close; one that leaves it idle for
+     * IDLE_DRAIN_MS after the drain delay has moved on to another proxy, and it is ended then.
      */
     async close(graceMs = 10_000, drainDelayMs = 0): Promise<void> {
       draining = true;
-      server.closeIdleConnections();
       if (drainDelayMs > 0) await new Promise((r) => setTimeout(r, drainDelayMs));
-      server.closeIdleConnections();
+      // with no drain delay (the whole stack stops) nothing is coming: idle connections end at once
+      const idleMs = drainDelayMs > 0 ? IDLE_DRAIN_MS : 0;
+      endIdle(idleMs);
+      const sweep = setInterval(() => endIdle(idleMs), 250);
       await frontend.close(graceMs);
+      clearInterval(sweep);
       server.close();
       await agent.close();
     },

@@ -57,6 +57,8 @@ export interface InstanceEnvironment {
   serviceDomain: string;
   dataDir: string;
   keepAliveSeconds: number;
+  /** worker.inferenceIdleSeconds, handed to workers. */
+  inferenceIdleSeconds: number;
   ackWaitSeconds: number;
   streamMaxMessages: number;
   streamMaxMessageBytes: number;
@@ -379,6 +381,7 @@ export class LocalInstance {
         NVCF_REGION: this.env.region,
         NVCF_SERVICE_DOMAIN: this.env.serviceDomain,
         CALLPLANE_KEEPALIVE_SECONDS: String(this.env.keepAliveSeconds),
+        CALLPLANE_INFERENCE_IDLE_SECONDS: String(this.env.inferenceIdleSeconds),
         CALLPLANE_ACK_WAIT_SECONDS: String(this.env.ackWaitSeconds),
         CALLPLANE_STREAM_MAX_MESSAGES: String(this.env.streamMaxMessages),
         CALLPLANE_STREAM_MAX_MESSAGE_BYTES: String(this.env.streamMaxMessageBytes),

@@ -20,10 +20,12 @@ function workerProxyEnv(config: Config): Record<string, string> {
   if (!p.enabled) return {};
   const host = new URL(config.global.workerEndpoints.invocationProxyURL).hostname;
   const proxyIp = parseHostPort(p.listen).host;
-  // invocation.<workerDomain> for HTTP callbacks, every <dashed-ip>.<workerDomain> for gRPC tunnels
-  const env: Record<string, string> = {
-    CALLPLANE_WORKER_HOST_MAP: `${host}=${proxyIp},*.${p.workerDomain}=${proxyIp}`,
-  };
+  const env: Record<string, string> = {};
+  // invocation.<workerDomain> for HTTP callbacks, every <dashed-ip>.<workerDomain> for gRPC tunnels.
+  // A proxy on every address (0.0.0.0: a pod of `callplane render`) is not on this machine: there
+  // the names resolve through DNS, as they do for any worker.
+  if (proxyIp !== "0.0.0.0" && proxyIp !== "::")
+    env.CALLPLANE_WORKER_HOST_MAP = `${host}=${proxyIp},*.${p.workerDomain}=${proxyIp}`;
   if (p.tls.frontend.certFile === join(config.pki.dir, "proxy", TLS_FILES.cert))
     env.NVCF_PROXY_CA_PEM = readFileSync(config.pki.caCertFile, "utf8");
   return env;
@@ -45,6 +47,7 @@ runService(
         serviceDomain: config.global.serviceDomain,
         dataDir: config.global.dataDir,
         keepAliveSeconds: config.worker.keepAliveSeconds,
+        inferenceIdleSeconds: config.worker.inferenceIdleSeconds,
         ackWaitSeconds: config.nats.consumer.ackWaitSeconds,
         streamMaxMessages: config.nats.stream.maxMessages,
         streamMaxMessageBytes: config.nats.stream.maxMessageBytes,

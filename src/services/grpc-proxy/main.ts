@@ -18,7 +18,9 @@ runService(
     const g = config.grpcproxy;
     const proxy = config.workerCallbackProxy;
     const shared = g.workerConnectBaseURL || config.global.workerEndpoints.grpcProxyWorkerConnectURL;
-    const certs = grpcProxyCertFolder(config.pki.dir, host);
+    // The pod's worker-listener certificate: on one machine each replica's own folder under
+    // pki.dir; on Kubernetes the mounted Secret of the service's certificate (CALLPLANE_POD_TLS_DIR).
+    const certs = process.env.CALLPLANE_POD_TLS_DIR || grpcProxyCertFolder(config.pki.dir, host);
     const service = createGrpcProxy({
       listen: { host, port: g.port },
       connectPort: g.connectPort,

@@ -16,7 +16,9 @@ runService(
       );
     const proxy = config.workerCallbackProxy;
     const upstreamTls = proxy.enabled && proxy.invocation.upstreamTls.enabled;
-    const certs = invocationCertFolder(config.pki.dir, host);
+    // The pod's worker-listener certificate: on one machine each replica's own folder under
+    // pki.dir; on Kubernetes the mounted Secret of the service's certificate (CALLPLANE_POD_TLS_DIR).
+    const certs = process.env.CALLPLANE_POD_TLS_DIR || invocationCertFolder(config.pki.dir, host);
     const service = createInvocationService({
       listen: { host, port: config.invocation.port },
       region: config.global.region,

@@ -73,6 +73,8 @@ const envSchema = z.object({
   /** callplane: static name map, `name=address,...` (like curl --resolve), for names no DNS serves. */
   CALLPLANE_WORKER_HOST_MAP: hostMap,
   CALLPLANE_KEEPALIVE_SECONDS: z.coerce.number().positive().default(10),
+  // callplane: an inference answer whose body stops for this long is cut (0: never)
+  CALLPLANE_INFERENCE_IDLE_SECONDS: z.coerce.number().min(0).default(300),
   CALLPLANE_ACK_WAIT_SECONDS: z.coerce.number().positive().default(30),
   /** callplane: how long a gRPC session waits for a tunnel to come back after its last one closed. */
   CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: z.coerce.number().min(0).default(30),
@@ -114,6 +116,8 @@ export interface WorkerConfig {
   serviceDomain: string;
   hostMap: Map<string, string>;
   keepAliveMs: number;
+  /** How long an inference answer's body may stop before the worker cuts it (0: never). */
+  inferenceIdleMs: number;
   ackWaitSeconds: number;
   sessionReconnectWaitMs: number;
   streamMaxMessages: number;
@@ -205,6 +209,7 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     serviceDomain: e.NVCF_SERVICE_DOMAIN.toLowerCase(),
     hostMap: e.CALLPLANE_WORKER_HOST_MAP,
     keepAliveMs: e.CALLPLANE_KEEPALIVE_SECONDS * 1000,
+    inferenceIdleMs: e.CALLPLANE_INFERENCE_IDLE_SECONDS * 1000,
     ackWaitSeconds: e.CALLPLANE_ACK_WAIT_SECONDS,
     sessionReconnectWaitMs: e.CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS * 1000,
     streamMaxMessages: e.CALLPLANE_STREAM_MAX_MESSAGES,

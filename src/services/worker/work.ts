@@ -330,8 +330,10 @@ export class WorkItem {
       headers,
       body: body ?? null,
       signal: this.abort.signal,
+      // a long inference may take its time to answer (the poll window covers that); once it has,
+      // a body that stops for inferenceIdleMs is cut, so its client gets an error, not a hang
       headersTimeout: 0,
-      bodyTimeout: 0,
+      bodyTimeout: this.deps.cfg.inferenceIdleMs,
     });
   }
 
@@ -510,7 +512,16 @@ export class WorkItem {
     onFail?: () => void,
   ): Promise<void> {
     try {
-      const res = await this.deps.callbacks.postResponse(target, body, length, this.abort.signal);
+      let res;
+      try {
+        res = await this.deps.callbacks.postResponse(target, body, length, this.abort.signal);
+      } catch (err) {
+        // A kept-alive connection that its server (a draining proxy or replica) closed just as
+        // this answer went out on it: the answer was never read. One in memory is sent again, on a
+        // new connection; its single-use token makes a second delivery impossible.
+        if (!(body instanceof Buffer) || this.abort.signal.aborted || !closedUnanswered(err)) throw err;
+        res = await this.deps.callbacks.postResponse(target, body, length, this.abort.signal);
+      }
       const text = await res.body.text();
       if (res.statusCode !== 200) {
         this.deps.logger.warn(
@@ -533,6 +544,16 @@ export class WorkItem {
       );
     }
   }
+}
+
+/** A request that failed because its connection closed before any answer came. */
+function closedUnanswered(err: unknown): boolean {
+  const e = err as { code?: string; message?: string };
+  return (
+    e.code === "ECONNRESET" ||
+    e.code === "EPIPE" ||
+    (e.code === "UND_ERR_SOCKET" && /other side closed|socket hang up/.test(e.message ?? ""))
+  );
 }
 
 export class WorkerError extends Error {
