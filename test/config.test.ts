@@ -8,7 +8,13 @@ import { spawn } from "node:child_process";
 import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { ConfigError, loadConfig, localPodNetworkProblems, type ConfigInput } from "../src/lib/config.js";
+import {
+  ConfigError,
+  loadConfig,
+  localNatsClusterProblems,
+  localPodNetworkProblems,
+  type ConfigInput,
+} from "../src/lib/config.js";
 import { POD_DATABASE_URL } from "../src/deploy/index.js";
 import { distRoot, tmpDir } from "./testkit/index.js";
 
@@ -396,6 +402,78 @@ test("the local stack's pod networks must lie inside the proxy's, naming both ke
   );
 });
 
+test("nats.cluster: one server by default; three nodes on their own addresses, queues replicated to match, nats.url naming every node", () => {
+  const one = load();
+  assert.equal(one.nats.cluster.size, 1);
+  assert.equal(one.nats.stream.replicas, 1);
+  assert.equal(one.nats.url, "tls://127.0.0.1:4222", "one server: the URL it always had");
+  const three = load({ nats: { cluster: { size: 3 } } });
+  assert.equal(three.nats.stream.replicas, 3, "an unset nats.stream.replicas follows the cluster");
+  assert.equal(three.nats.url, "tls://127.0.4.1:4222,tls://127.0.4.2:4222,tls://127.0.4.3:4222");
+  assert.equal(three.nats.cluster.tls.certFile, "/tmp/.callplane/pki/nats-route/tls.crt");
+  // set on purpose, fewer replicas than nodes is allowed (and a URL listing every node)
+  const r1 = load({
+    nats: {
+      cluster: { size: 3 },
+      stream: { replicas: 1 },
+      url: "tls://127.0.4.1:4222, tls://127.0.4.2:4222,tls://127.0.4.3:4222",
+    },
+  });
+  assert.equal(r1.nats.stream.replicas, 1);
+  // the same from the environment
+  const env = load({}, { CALLPLANE__NATS__CLUSTER__SIZE: "3" });
+  assert.equal(env.nats.stream.replicas, 3);
+  // an external cluster (the stack runs none): its URL is the operator's, its size says how many answer
+  const ext = load({
+    nats: { server: { enabled: false }, cluster: { size: 3 }, url: "tls://nats.example:4222" },
+  });
+  assert.equal(ext.nats.url, "tls://nats.example:4222");
+});
+
+test("nats.cluster rules: an odd size, replicas within it, every node in nats.url, two ports, room for the nodes", () => {
+  const even = problems({ nats: { cluster: { size: 2 } } });
+  assert.equal(even.length, 1, even.join("\n"));
+  assertNames(even[0], ["nats.cluster.size", "odd"]);
+  assert.ok(problems({ nats: { cluster: { size: 4 } } }).some((p) => p.includes("nats.cluster.size is 4")));
+  const beyond = problems({ nats: { cluster: { size: 3 }, stream: { replicas: 5 } } });
+  assert.equal(beyond.length, 1, beyond.join("\n"));
+  assertNames(beyond[0], ["nats.stream.replicas", "nats.cluster.size", "at most 3"]);
+  // the size left unset: the file may be rendered for Kubernetes (three servers of its own), so it
+  // loads; the local stack, which runs one server then, refuses it (below)
+  assertNames(problems({ nats: { cluster: { size: 6 } } })[0], ["nats.cluster.size"]);
+  const missing = problems({ nats: { cluster: { size: 3 }, url: "tls://127.0.4.1:4222" } });
+  assert.equal(missing.length, 1, missing.join("\n"));
+  assertNames(missing[0], ["nats.url", "nats.cluster.size", "missing 127.0.4.2:4222, 127.0.4.3:4222"]);
+  const ports = problems({ nats: { cluster: { size: 3, routePort: 4222 } } });
+  assertNames(ports[0], ["nats.cluster.routePort", "nats.server.listen"]);
+  const small = problems({ nats: { cluster: { size: 3, nodeNetwork: "127.0.4.0/31" } } });
+  assertNames(small[0], ["nats.cluster.nodeNetwork", "nats.cluster.size"]);
+  assertNames(problems({ nats: { cluster: { name: "has space" } } })[0], ["nats.cluster.name"]);
+  assertNames(problems({ nats: { url: "http://x:4222" } })[0], ["nats.url"]);
+});
+
+test("nats.cluster on one machine: the node network may not overlap the pods' or the instances'", () => {
+  assert.deepEqual(localNatsClusterProblems(load({ nats: { cluster: { size: 3 } } })), []);
+  const one = localNatsClusterProblems(load({ nats: { stream: { replicas: 3 } } }));
+  assert.equal(one.length, 1, one.join("\n"));
+  assertNames(one[0], ["nats.stream.replicas", "nats.cluster.size", "at most 1"]);
+  // an external NATS says nothing about its size the stack could check
+  assert.deepEqual(
+    localNatsClusterProblems(load({ nats: { server: { enabled: false }, stream: { replicas: 3 } } })),
+    [],
+  );
+  const clash = localNatsClusterProblems(
+    load({ nats: { cluster: { size: 3, nodeNetwork: "127.0.1.0/28" } } }),
+  );
+  assert.equal(clash.length, 1, clash.join("\n"));
+  assertNames(clash[0], ["nats.cluster.nodeNetwork", "invocation.podNetwork"]);
+  // one server takes no node addresses at all
+  assert.deepEqual(
+    localNatsClusterProblems(load({ nats: { cluster: { nodeNetwork: "127.0.1.0/24" } } })),
+    [],
+  );
+});
+
 test("the example environment files load with the config loader (as the pods read them); one-machine passes the local stack's rule too", () => {
   const files = readdirSync(EXAMPLES_DIR).filter((f) => f.endsWith(".yaml"));
   for (const e of ["one-machine", "split-plane"])
@@ -418,4 +496,5 @@ test("the example environment files load with the config loader (as the pods rea
   // npm start -- --config examples/one-machine.yaml: nothing the local stack adds refuses it
   const one = loadConfig({ file: join(EXAMPLES_DIR, "one-machine.yaml"), env: {}, cwd: "/tmp" });
   assert.deepEqual(localPodNetworkProblems(one), []);
+  assert.deepEqual(localNatsClusterProblems(one), []);
 });

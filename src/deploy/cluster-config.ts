@@ -14,6 +14,7 @@ import { isIP } from "node:net";
 import type { Config } from "../lib/config.js";
 import { cidrContains, parseCidr, parseHostPort } from "../lib/net.js";
 import { MOUNTS, SERVICES, WORKLOADS, type Workload } from "./layout.js";
+import { NATS_CLUSTER_SIZE } from "./nats.js";
 
 export type RawDocument = Record<string, unknown>;
 
@@ -397,6 +398,8 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     setAt(doc, "nats.url", `tls://${names.fqdn(SERVICES.nats)}:4222`);
     // the pods never run nats-server: the StatefulSet does
     setAt(doc, "nats.server.enabled", false);
+    // ... of this many servers: revocation and `callplane nats status` ask each one
+    setAt(doc, "nats.cluster.size", NATS_CLUSTER_SIZE);
   }
   deleteAt(doc, "nats.tls");
   setAt(doc, "nats.tls.caFile", `${MOUNTS.ca}/ca.crt`);

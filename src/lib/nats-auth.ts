@@ -2,8 +2,10 @@
 //   APP  the work queues, cancel and poll subjects, the replica registry; callplane's services and
 //        the workers;
 //   AUTH the auth callout service, alone;
-//   SYS  the system account (system_account), with one user: the API's revoker, which closes the
-//        connections of revoked workers.
+//   SYS  the system account (system_account), with two users: the API's revoker, which closes the
+//        connections of revoked workers (on whichever server of a cluster holds them), and the
+//        monitor, which reads the servers' health (the stack waiting for a cluster, `callplane nats
+//        status`) and may change nothing.
 // No user sits outside an account and nothing is anonymous (the config shape CVE-2023-47090 asks
 // for: no top-level `authorization { users }` beside the accounts, `system_account` set, never
 // `no_auth_user`). callplane's services are configured users that skip the auth callout; every other
@@ -14,6 +16,7 @@
 // A service's grant is one row of SERVICE_ROLES: adding a service is adding a row (and passing
 // natsAccess(config, "<row>") to its factory). Each service replies on its own inbox prefix, so no
 // one ever needs `_INBOX.>`.
+import { randomBytes } from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { createAccount, createUser, fromSeed } from "@nats-io/nkeys";
@@ -105,12 +108,30 @@ export const SERVICE_ROLES = {
       subscribe: { allow: [`${INBOX.service("api")}.>`] },
     }),
   },
-  /** The API's second connection, in SYS: finds and closes the connections of revoked workers. */
+  /**
+   * The API's second connection, in SYS: finds and closes the connections of revoked workers. It
+   * asks every server (PING.CONNZ), reads further pages of one server's list (<id>.CONNZ) and closes
+   * a connection on the server that holds it (<id>.KICK: a connection id means something on one
+   * server only).
+   */
   "api-revoker": {
     account: NATS_ACCOUNTS.sys,
     permissions: () => ({
-      publish: { allow: ["$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.KICK"] },
+      publish: { allow: ["$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"] },
       subscribe: { allow: [`${INBOX.service("api-revoker")}.>`] },
+    }),
+  },
+  /**
+   * Reads health from every server, in SYS: whether each is up and its JetStream ready, its routes,
+   * the JetStream cluster's leader and peers. Read-only: no KICK, no account or JetStream API.
+   */
+  "nats-monitor": {
+    account: NATS_ACCOUNTS.sys,
+    permissions: () => ({
+      publish: {
+        allow: ["$SYS.REQ.SERVER.PING.HEALTHZ", "$SYS.REQ.SERVER.PING.ROUTEZ", "$SYS.REQ.SERVER.PING.JSZ"],
+      },
+      subscribe: { allow: [`${INBOX.service("nats-monitor")}.>`] },
     }),
   },
   /** Invocation replicas: publish work, cancel, poll, purge a cancelled message; own the registry. */
@@ -204,7 +225,12 @@ export const KEY_FILES = {
   role: (dir: string, role: NatsServiceRole) => join(dir, `${role}.nk`),
   worker: (dir: string) => join(dir, "worker.nk"),
   calloutIssuer: (dir: string) => join(dir, "auth-callout-issuer.nk"),
+  /** The password a NATS cluster's routes authenticate with (a cluster only). */
+  routePassword: (dir: string) => join(dir, "cluster-route.pass"),
 } as const;
+
+/** The user a NATS cluster's routes authenticate as (with the password in KEY_FILES.routePassword). */
+export const ROUTE_USER = "callplane-route";
 
 function readSeed(file: string): string {
   return readFileSync(file, "utf8").trim();
@@ -242,6 +268,28 @@ export function rotateWorkerKey(dir: string): { publicKey: string } {
   const seed = new TextDecoder().decode(createUser().getSeed());
   writeFileAtomic(KEY_FILES.worker(dir), `${seed}\n`, 0o600);
   return { publicKey: publicKeyOf(seed) };
+}
+
+/**
+ * The route credentials of a NATS cluster, created (0600, in the 0700 credentials folder) when
+ * missing. Every node's configuration holds them: the node checks the routes that come in, and
+ * presents them on the routes it opens.
+ */
+export function ensureRouteCredentials(dir: string): { user: string; password: string; created: boolean } {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  chmodSync(dir, 0o700);
+  const file = KEY_FILES.routePassword(dir);
+  let created = false;
+  if (!existsSync(file)) {
+    writeFileAtomic(file, `${randomBytes(32).toString("base64url")}\n`, 0o600);
+    created = true;
+  }
+  const password = readSeed(file);
+  if (!/^[A-Za-z0-9_-]{16,}$/.test(password))
+    throw new Error(
+      `the NATS route password in ${file} must be at least 16 letters, digits, dashes or underscores; delete the file to have a new one generated (then restart every node)`,
+    );
+  return { user: ROUTE_USER, password, created };
 }
 
 export function readRoleSeed(dir: string, role: NatsServiceRole): string {

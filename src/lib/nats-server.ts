@@ -8,6 +8,7 @@ import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { natsServerAuthConfig, type Permissions } from "./nats-auth.js";
+import { natsNodes, natsServerAddresses, type NatsLayoutConfig } from "./nats-cluster.js";
 import type { HostPort } from "./net.js";
 
 export function natsServerBinary(configured?: string): string {
@@ -43,23 +44,69 @@ export interface NatsServerSecurity {
 }
 
 /**
+ * A node's part in a JetStream cluster: its route listener, every node's route address (nats-server
+ * ignores the route to itself), and how routes prove themselves. Routes are mutual TLS with the stack
+ * CA (nats-server always verifies both ends of a route, so the certificate serves as client and
+ * server: clientAuth and serverAuth) plus a route user and password from nats.credentialsDir.
+ */
+export interface NatsClusterMembership {
+  name: string;
+  listen: HostPort;
+  routes: HostPort[];
+  certFile: string;
+  keyFile: string;
+  caFile: string;
+  user: string;
+  password: string;
+}
+
+/**
  * Writes a nats-server configuration for one JetStream server on the given address: TLS required
- * on every client connection, every user in a named account (see nats-auth.ts), no anonymous access.
+ * on every client connection, every user in a named account (see nats-auth.ts), no anonymous access;
+ * with `cluster`, one node of a JetStream cluster (its server_name must be unique in the cluster).
  */
 export function writeNatsServerConfig(
   dir: string,
   listen: HostPort,
-  opts: { name?: string; maxPayload?: number; security: NatsServerSecurity },
+  opts: { name?: string; maxPayload?: number; security: NatsServerSecurity; cluster?: NatsClusterMembership },
 ): NatsServerFiles {
   const storeDir = join(dir, "jetstream");
   mkdirSync(storeDir, { recursive: true });
   const configFile = join(dir, "nats-server.conf");
+  const c = opts.cluster;
+  const hp = (a: HostPort) => (a.host.includes(":") ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`);
+  const cluster = c
+    ? [
+        `cluster {`,
+        `  name: ${JSON.stringify(c.name)}`,
+        `  listen: ${JSON.stringify(hp(c.listen))}`,
+        `  tls {`,
+        `    cert_file: ${JSON.stringify(c.certFile)}`,
+        `    key_file: ${JSON.stringify(c.keyFile)}`,
+        `    ca_file: ${JSON.stringify(c.caFile)}`,
+        `    timeout: 5`,
+        `  }`,
+        `  authorization {`,
+        `    user: ${JSON.stringify(c.user)}`,
+        `    password: ${JSON.stringify(c.password)}`,
+        `    timeout: 5`,
+        `  }`,
+        // explicit routes (retried for as long as the node runs): a node that comes back finds the others
+        `  routes: [`,
+        ...c.routes.map(
+          (r) =>
+            `    ${JSON.stringify(`nats-route://${encodeURIComponent(c.user)}:${encodeURIComponent(c.password)}@${hp(r)}`)}`,
+        ),
+        `  ]`,
+        `}`,
+      ]
+    : [];
   // atomically: a reload (SIGHUP) may read it at any moment
   writeFileAtomic(
     configFile,
     [
       `server_name: ${JSON.stringify(opts.name ?? "callplane")}`,
-      `listen: ${JSON.stringify(`${listen.host}:${listen.port}`)}`,
+      `listen: ${JSON.stringify(hp(listen))}`,
       `max_payload: ${opts.maxPayload ?? 8 * 1024 * 1024}`,
       `jetstream {`,
       `  store_dir: ${JSON.stringify(storeDir)}`,
@@ -70,6 +117,7 @@ export function writeNatsServerConfig(
       `  key_file: ${JSON.stringify(opts.security.keyFile)}`,
       `  timeout: 5`,
       `}`,
+      ...cluster,
       natsServerAuthConfig(opts.security.credentialsDir, opts.security.region, opts.security.extraAppUsers),
       "",
     ].join("\n"),
@@ -78,12 +126,21 @@ export function writeNatsServerConfig(
   return { configFile, storeDir };
 }
 
-/** The names and addresses clients reach nats-server at (its certificate covers each). */
-export function natsCertNames(natsUrl: string, listen: string): string[] {
+/**
+ * The names and addresses clients reach the stack's nats-server(s) at: every server nats.url
+ * names and every node's client address (the certificate is one for all nodes, so a client that
+ * moves to another node, or learns its address from the cluster, finds it covered).
+ */
+export function natsCertNames(nats: { url: string } & NatsLayoutConfig): string[] {
   const names = new Set<string>(["localhost"]);
-  names.add(new URL(natsUrl.replace(/^(nats|tls):/, "http:")).hostname);
-  names.add(listen.slice(0, listen.lastIndexOf(":")));
+  for (const a of natsServerAddresses(nats.url)) names.add(a.host);
+  for (const n of natsNodes(nats)) names.add(n.client.host);
   return [...names].filter((n) => n !== "0.0.0.0" && n !== "");
+}
+
+/** The addresses the cluster's routes are opened at (the route certificate covers each). */
+export function natsRouteCertNames(nats: NatsLayoutConfig): string[] {
+  return [...new Set(natsNodes(nats).flatMap((n) => (n.route ? [n.route.host] : [])))];
 }
 
 /** Asks a running nats-server to re-read its configuration and certificates (SIGHUP). */

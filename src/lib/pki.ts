@@ -71,11 +71,15 @@ export async function createCa(commonName = "callplane stack CA", days = 3650): 
   return { certPem: cert.toString("pem"), keyPem: await exportKeyPem(keys.privateKey) };
 }
 
-/** Issues a server certificate (serverAuth) for DNS names and IPv4 addresses, signed by the CA. */
+/**
+ * Issues a server certificate (serverAuth) for DNS names and IPv4 addresses, signed by the CA.
+ * `clientAuth` adds that use too, for a peer that presents the same certificate on the connections
+ * it opens (a NATS cluster's routes are mutual TLS).
+ */
 export async function issueServerCert(
   ca: CaMaterial,
   dnsNames: string[],
-  opts: { days?: number; notBefore?: Date; notAfter?: Date } = {},
+  opts: { days?: number; notBefore?: Date; notAfter?: Date; clientAuth?: boolean } = {},
 ): Promise<{ certPem: string; keyPem: string }> {
   if (dnsNames.length === 0) throw new Error("a server certificate needs at least one DNS name");
   const caCert = new x509.X509Certificate(ca.certPem);
@@ -94,7 +98,11 @@ export async function issueServerCert(
     extensions: [
       new x509.BasicConstraintsExtension(false, undefined, true),
       new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
-      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+      new x509.ExtendedKeyUsageExtension(
+        opts.clientAuth
+          ? [x509.ExtendedKeyUsage.serverAuth, x509.ExtendedKeyUsage.clientAuth]
+          : [x509.ExtendedKeyUsage.serverAuth],
+      ),
       new x509.SubjectAlternativeNameExtension(
         dnsNames.map((value) => ({ type: isIPv4(value) ? ("ip" as const) : ("dns" as const), value })),
       ),
@@ -179,7 +187,7 @@ export async function ensureServerCert(
   folder: string,
   ca: CaMaterial,
   dnsNames: string[],
-  opts: { renewWithinDays?: number; force?: boolean } = {},
+  opts: { renewWithinDays?: number; force?: boolean; clientAuth?: boolean } = {},
 ): Promise<"kept" | "issued"> {
   const certFile = join(folder, TLS_FILES.cert);
   const keyFile = join(folder, TLS_FILES.key);
@@ -190,28 +198,38 @@ export async function ensureServerCert(
       const issued = new X509Certificate(pem).checkIssued(new X509Certificate(ca.certPem));
       const fresh = info.notAfter.getTime() - Date.now() > (opts.renewWithinDays ?? 30) * DAY;
       const keyOk = new X509Certificate(pem).checkPrivateKey(createPrivateKey(readFileSync(keyFile, "utf8")));
-      if (issued && fresh && keyOk && sameNames([...info.dnsNames, ...info.ipAddresses], dnsNames))
+      const usesOk = !opts.clientAuth || (new X509Certificate(pem).keyUsage ?? []).includes(CLIENT_AUTH_OID);
+      if (issued && fresh && keyOk && usesOk && sameNames([...info.dnsNames, ...info.ipAddresses], dnsNames))
         return "kept";
     } catch {
       // unreadable or broken: issue a new one
     }
   }
-  const { certPem, keyPem } = await issueServerCert(ca, dnsNames);
+  const { certPem, keyPem } = await issueServerCert(ca, dnsNames, { clientAuth: opts.clientAuth ?? false });
   writeFileAtomic(keyFile, keyPem, 0o600);
   writeFileAtomic(certFile, certPem, 0o644);
   writeFileAtomic(join(folder, TLS_FILES.ca), ca.certPem, 0o644);
   return "issued";
 }
 
+const CLIENT_AUTH_OID = "1.3.6.1.5.5.7.3.2";
+
 export interface StackCertificate {
   name: string;
   folder: string;
   dnsNames: string[];
+  /** Also for TLS clients (a NATS route presents it on the connections it opens). */
+  clientAuth?: boolean;
 }
 
 /** The folder the NATS server's certificate lives in (tls.crt, tls.key, ca.crt). */
 export function natsCertFolder(pkiDir: string): string {
   return join(pkiDir, "nats");
+}
+
+/** The folder the NATS cluster's route certificate lives in (every node presents it on its routes). */
+export function natsRouteCertFolder(pkiDir: string): string {
+  return join(pkiDir, "nats-route");
 }
 
 /** The folder an invocation replica's worker-listener certificate lives in. */
@@ -242,11 +260,26 @@ export function stackCertificates(opts: {
   natsNames?: string[];
   /** nats.tls.certFile: issued here only when it is the stack's own default. */
   natsCertFile?: string;
+  /** The addresses of a NATS cluster's routes (none without a cluster). */
+  natsRouteNames?: string[];
+  /** nats.cluster.tls.certFile: issued here only when it is the stack's own default. */
+  natsRouteCertFile?: string;
   grpcReplicaIps?: string[];
 }): StackCertificate[] {
   const out: StackCertificate[] = [];
   if (opts.natsNames?.length && opts.natsCertFile === join(natsCertFolder(opts.pkiDir), TLS_FILES.cert)) {
     out.push({ name: "nats-server", folder: natsCertFolder(opts.pkiDir), dnsNames: opts.natsNames });
+  }
+  if (
+    opts.natsRouteNames?.length &&
+    opts.natsRouteCertFile === join(natsRouteCertFolder(opts.pkiDir), TLS_FILES.cert)
+  ) {
+    out.push({
+      name: "nats-server routes",
+      folder: natsRouteCertFolder(opts.pkiDir),
+      dnsNames: opts.natsRouteNames,
+      clientAuth: true,
+    });
   }
   if (!opts.proxyEnabled) return out;
   if (opts.frontendCertFile === join(opts.pkiDir, "proxy", TLS_FILES.cert)) {

@@ -20,6 +20,7 @@ import {
 } from "@nats-io/transport-node";
 import type { Logger } from "./log.js";
 import type { NatsAccess } from "./nats-auth.js";
+import { natsServers } from "./nats-cluster.js";
 
 export interface QueueLimits {
   maxMessages: number;
@@ -53,7 +54,8 @@ export const subjects = {
 
 /**
  * The one way callplane connects to NATS: TLS verified against the stack CA, the caller's own
- * credentials, and its own inbox prefix (its grant covers that prefix, never `_INBOX.>`).
+ * credentials, and its own inbox prefix (its grant covers that prefix, never `_INBOX.>`). `url` may
+ * name several servers, separated by commas: every node of a cluster.
  */
 export async function connectNats(access: NatsAccess, name: string, logger: Logger): Promise<NatsConnection> {
   const enc = new TextEncoder();
@@ -62,7 +64,8 @@ export async function connectNats(access: NatsAccess, name: string, logger: Logg
   // a measurable share of the hot path's CPU; timeouts still reject with clear errors.
   const nc = await connect({
     noAsyncTraces: true,
-    servers: access.url,
+    // every node of a cluster (a comma-separated list): the client picks one and, if it goes, moves on
+    servers: natsServers(access.url),
     tls: { ca: access.caPem },
     // a token is read again at every reconnect: a worker's identity token is refreshed in its file
     authenticator:

@@ -32,6 +32,8 @@ export class ReplicaRegistry {
     private readonly logger: Logger,
     private readonly ttlMs = 15_000,
     private readonly bucket: string = REGISTRY_BUCKETS.invocation,
+    /** The bucket's replicas (nats.stream.replicas): on a cluster, a registry that survives a node. */
+    private readonly replicas = 1,
   ) {
     this.key = holderHex(self.holder);
   }
@@ -49,6 +51,7 @@ export class ReplicaRegistry {
       history: 1,
       ttl: this.ttlMs,
       storage: "memory" as never,
+      replicas: this.replicas,
     });
     await this.kv.put(this.key, this.entry());
     // refresh well within the TTL, so one late refresh does not drop a live replica

@@ -5,6 +5,7 @@
 // and grpc-proxy share it.
 import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
+import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import { CallplaneError } from "../lib/errors.js";
 import type { Logger } from "../lib/log.js";
@@ -27,6 +28,9 @@ export function askApiForQueue(apiUrl: string, serviceToken: string): (fvid: str
   };
 }
 
+/** How long a publish to a replicated queue is retried: a leader election on a healthy cluster takes seconds. */
+const REPLICATED_RETRY_MS = 15_000;
+
 export class WorkPublisher {
   private readonly js: JetStreamClient;
   private readonly queues: WorkQueues;
@@ -44,6 +48,11 @@ export class WorkPublisher {
   }
 
   async publish(fvid: string, requestId: string, data: Uint8Array): Promise<void> {
+    // A replicated queue (a NATS cluster) loses its leader when a node goes, and answers nothing
+    // (or "no responders") until the others elect a new one, in a few seconds: an unconfirmed
+    // publish is sent again for up to REPLICATED_RETRY_MS. Sending again is safe: the stream keeps
+    // one message per request id. One server has no one to take over: the first failure is final.
+    const retryUntil = this.limits.replicas > 1 ? Date.now() + REPLICATED_RETRY_MS : 0;
     for (let attempt = 0; ; attempt++) {
       try {
         // No Nats-Msg-Id: the stream already keeps one message per subject, and the subject ends in
@@ -69,6 +78,19 @@ export class WorkPublisher {
           );
           continue;
         }
+        if (Date.now() < retryUntil && !this.nc.isClosed()) {
+          this.logger.debug(
+            { requestId, attempt, err: (err as Error).message },
+            "publish unconfirmed; again",
+          );
+          await sleep(Math.min(250 * (attempt + 1), 1000));
+          continue;
+        }
+        // no confirmation is not "not stored": the message may be in the stream (its leader took it
+        // and the answer was lost, a NATS cluster changing leaders). The client is told to retry,
+        // so the message is withdrawn (cancel and purge, best effort), or a worker would run a
+        // request nobody waits for.
+        this.cancel(fvid, requestId, "publish unconfirmed");
         throw new CallplaneError(
           "UNAVAILABLE",
           "the work queue (NATS JetStream) did not accept the request; retry shortly",

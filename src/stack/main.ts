@@ -1,7 +1,8 @@
 // `npm start`: runs a whole callplane stack on this machine and keeps it serving until Ctrl-C.
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { ConfigError, loadConfig, localPodNetworkProblems } from "../lib/config.js";
+import { ConfigError, loadConfig, localNatsClusterProblems, localPodNetworkProblems } from "../lib/config.js";
+import { natsNodes } from "../lib/nats-cluster.js";
 import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net.js";
 import { ensureDemo, invokeDemo, invokeDemoGrpc, waitActive } from "./demo.js";
 import { LocalStack, StackError, type StackInfo } from "./stack.js";
@@ -56,7 +57,14 @@ async function main(): Promise<void> {
   stack.claim();
   claimed = stack;
   const addresses: Array<[string, HostPort]> = [];
-  if (config.nats.server.enabled) addresses.push(["nats-server", parseHostPort(config.nats.server.listen)]);
+  if (config.nats.server.enabled) {
+    const nodes = natsNodes(config.nats);
+    for (const n of nodes) {
+      const name = nodes.length > 1 ? `nats-server-${n.index}` : "nats-server";
+      addresses.push([name, n.client]);
+      if (n.route) addresses.push([`${name} routes`, n.route]);
+    }
+  }
   addresses.push(["api", parseHostPort(config.api.listen)]);
   if (config.adminIssuerProxy.enabled)
     addresses.push(["admin-issuer", parseHostPort(config.adminIssuerProxy.listen)]);
@@ -79,7 +87,7 @@ async function main(): Promise<void> {
     if (proxy.enabled)
       addresses.push([`grpc-proxy-${i + 1} worker TLS`, { host: ip, port: grpc.workerTlsPort }]);
   }
-  const podProblems = localPodNetworkProblems(config);
+  const podProblems = [...localPodNetworkProblems(config), ...localNatsClusterProblems(config)];
   if (podProblems.length) throw new StackError(podProblems.join("\n"));
   if (proxy.enabled) {
     addresses.push(
@@ -101,10 +109,21 @@ async function main(): Promise<void> {
   stack.prepareSecrets();
   await stack.preparePki(replicaIps, grpcIps);
 
-  const nats = config.nats.server.enabled ? await stack.startNats() : config.nats.url;
-  say(
-    `nats-server   ${nats}   (TLS; every client authenticates: nats.workerAuth is ${config.nats.workerAuth})`,
-  );
+  const natsStarted = config.nats.server.enabled ? await stack.startNats() : undefined;
+  const nats = config.nats.url;
+  if (natsStarted && natsStarted.nodes.length > 1) {
+    for (const n of natsStarted.nodes)
+      say(
+        `nats-server-${n.index} ${n.url}   (${n.name}; routes at ${n.route!.host}:${n.route!.port}, TLS with the stack CA and the route password)`,
+      );
+    say(
+      `nats cluster  ${config.nats.cluster.name}: ${natsStarted.nodes.length} JetStream nodes, work queues with ${config.nats.stream.replicas} replica(s); TLS and a login on every client connection (nats.workerAuth is ${config.nats.workerAuth}); \`bin/callplane nats status\` shows its health`,
+    );
+  } else {
+    say(
+      `nats-server   ${nats}   (TLS; every client authenticates: nats.workerAuth is ${config.nats.workerAuth})`,
+    );
+  }
   await stack.startService("nats-auth-callout", "nats-auth-callout");
   say(`nats-auth-callout answering nats-server's auth callout (logs/nats-auth-callout.log)`);
   const api = (await stack.startService("api", "api")).api;
@@ -173,6 +192,19 @@ async function main(): Promise<void> {
       gatewayEnabled: config.adminIssuerProxy.enabled && config.adminIssuerProxy.gateway.enabled,
     },
     nats,
+    ...(natsStarted && natsStarted.nodes.length > 1
+      ? {
+          natsCluster: {
+            name: config.nats.cluster.name,
+            streamReplicas: config.nats.stream.replicas,
+            nodes: natsStarted.nodes.map((n) => ({
+              name: n.name,
+              url: n.url,
+              route: `${n.route!.host}:${n.route!.port}`,
+            })),
+          },
+        }
+      : {}),
     compute,
     invocation,
     grpc: grpcUrls,

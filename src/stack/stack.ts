@@ -10,18 +10,22 @@ import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
 import { ensureKeyringFile } from "../lib/secrets/mek.js";
 import { secretsRoot } from "../lib/secrets/paths.js";
 import type { Config } from "../lib/config.js";
-import { createLogger } from "../lib/log.js";
+import { createLogger, silentLogger } from "../lib/log.js";
 import { createRegistry } from "../lib/metrics.js";
-import { ensureNatsKeys } from "../lib/nats-auth.js";
+import { KEY_FILES, ensureNatsKeys, ensureRouteCredentials, natsAccess } from "../lib/nats-auth.js";
+import { natsNodes, type NatsNode } from "../lib/nats-cluster.js";
+import { waitForNatsCluster } from "../lib/nats-health.js";
+import { connectNats, drainOrClose } from "../lib/queue.js";
 import {
   natsCertNames,
+  natsRouteCertNames,
   natsServerBinary,
   reloadNatsServer,
   waitForNats,
   writeNatsServerConfig,
 } from "../lib/nats-server.js";
 import { TlsReloader } from "../lib/tls-reload.js";
-import { parseHostPort, type HostPort } from "../lib/net.js";
+import type { HostPort } from "../lib/net.js";
 import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/supervise.js";
 import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";
 
@@ -212,12 +216,16 @@ export class LocalStack {
       upstreamTls: p.invocation.upstreamTls.enabled,
       frontendCertFile: p.tls.frontend.certFile,
       replicaIps,
-      natsNames: config.nats.server.enabled ? natsCertNames(config.nats.url, config.nats.server.listen) : [],
+      natsNames: config.nats.server.enabled ? natsCertNames(config.nats) : [],
       natsCertFile: config.nats.tls.certFile,
+      natsRouteNames: config.nats.server.enabled ? natsRouteCertNames(config.nats) : [],
+      natsRouteCertFile: config.nats.cluster.tls.certFile,
       grpcReplicaIps,
     });
     for (const c of certs) {
-      if ((await ensureServerCert(c.folder, ca, c.dnsNames)) === "issued")
+      if (
+        (await ensureServerCert(c.folder, ca, c.dnsNames, { clientAuth: c.clientAuth ?? false })) === "issued"
+      )
         this.opts.say(`issued the ${c.name} certificate (${c.dnsNames.join(", ")})`);
     }
   }
@@ -250,47 +258,116 @@ export class LocalStack {
     return child;
   }
 
-  async startNats(): Promise<string> {
+  /**
+   * Starts the stack's NATS: one nats-server on nats.server.listen, or a JetStream cluster of
+   * nats.cluster.size nodes on their own loopback addresses (nats-cluster.ts), each supervised (a
+   * node that dies is restarted and rejoins through its routes). Resolves once every node answers
+   * and, for a cluster, every node is healthy and they agree on a JetStream leader.
+   */
+  async startNats(): Promise<{ url: string; nodes: NatsNode[] }> {
     const { config } = this.opts;
-    const listen = parseHostPort(config.nats.server.listen);
-    const files = writeNatsServerConfig(join(this.dataDir, "nats"), listen, {
-      name: "callplane-local",
-      security: {
-        certFile: config.nats.tls.certFile,
-        keyFile: config.nats.tls.keyFile,
-        credentialsDir: config.nats.credentialsDir,
-        region: config.global.region,
-      },
-    });
+    const nodes = natsNodes(config.nats);
+    const cluster = nodes.length > 1;
+    const security = {
+      certFile: config.nats.tls.certFile,
+      keyFile: config.nats.tls.keyFile,
+      credentialsDir: config.nats.credentialsDir,
+      region: config.global.region,
+    };
+    let route: ReturnType<typeof ensureRouteCredentials> | undefined;
+    if (cluster) {
+      route = ensureRouteCredentials(config.nats.credentialsDir);
+      if (route.created)
+        this.opts.say(
+          `generated the NATS cluster's route password in ${KEY_FILES.routePassword(config.nats.credentialsDir)}`,
+        );
+    }
     const bin = natsServerBinary(config.nats.server.binary || undefined);
-    const child = this.track(
-      new SupervisedChild({
-        name: "nats-server",
-        command: bin,
-        args: ["-c", files.configFile],
-        logFile: join(this.logDir, "nats-server.log"),
-        ipc: false,
-        restart: this.restartPolicy(),
-      }),
-    );
-    await child.start();
-    await waitForNats(listen);
+    const children: SupervisedChild[] = [];
+    for (const node of nodes) {
+      // one server keeps the folder it always had; a cluster's nodes each get their own
+      const dir = cluster ? join(this.dataDir, "nats", `node-${node.index}`) : join(this.dataDir, "nats");
+      const files = writeNatsServerConfig(dir, node.client, {
+        name: node.name,
+        security,
+        ...(cluster
+          ? {
+              cluster: {
+                name: config.nats.cluster.name,
+                listen: node.route!,
+                routes: nodes.map((n) => n.route!),
+                certFile: config.nats.cluster.tls.certFile,
+                keyFile: config.nats.cluster.tls.keyFile,
+                caFile: config.nats.tls.caFile,
+                user: route!.user,
+                password: route!.password,
+              },
+            }
+          : {}),
+      });
+      const name = cluster ? `nats-server-${node.index}` : "nats-server";
+      children.push(
+        this.track(
+          new SupervisedChild({
+            name,
+            command: bin,
+            args: ["-c", files.configFile],
+            logFile: join(this.logDir, `${name}.log`),
+            ipc: false,
+            restart: this.restartPolicy(),
+          }),
+        ),
+      );
+    }
+    // all at once: a cluster's nodes wait for each other's routes before JetStream is ready
+    await Promise.all(children.map((c) => c.start()));
+    await Promise.all(nodes.map((n) => waitForNats(n.client)));
     this.writePidFile();
-    // a renewed certificate reaches nats-server without a restart: it re-reads it on SIGHUP
-    this.natsTls = new TlsReloader(
-      "nats-server",
-      { certFile: config.nats.tls.certFile, keyFile: config.nats.tls.keyFile },
-      () => {
-        if (child.pid) reloadNatsServer(child.pid);
-        this.opts.say("nats-server: certificate changed; told it to reload");
-      },
-      createLogger("stack", { destination: join(this.logDir, "stack.log") }),
-      createRegistry("stack", { defaultMetrics: false }),
+    if (cluster) {
+      const monitor = await connectNats(natsAccess(config, "nats-monitor"), "stack", silentLogger());
+      try {
+        await waitForNatsCluster(monitor, nodes.length, 120_000).catch((err: unknown) => {
+          throw new StackError(
+            `${(err as Error).message}; see ${children.map((c) => c.spec.logFile).join(", ")}`,
+          );
+        });
+      } finally {
+        await drainOrClose(monitor);
+      }
+    }
+    // a renewed certificate reaches every node without a restart: each re-reads it on SIGHUP (the
+    // route certificate applies to routes opened after the reload)
+    const reloadAll = (what: string) => {
+      for (const c of children) if (c.pid) reloadNatsServer(c.pid);
+      this.opts.say(
+        `nats-server: ${what} changed; told ${children.length === 1 ? "it" : `all ${children.length} nodes`} to reload`,
+      );
+    };
+    const logger = createLogger("stack", { destination: join(this.logDir, "stack.log") });
+    const registry = createRegistry("stack", { defaultMetrics: false });
+    this.natsTls.push(
+      new TlsReloader(
+        "nats-server",
+        { certFile: config.nats.tls.certFile, keyFile: config.nats.tls.keyFile },
+        () => reloadAll("certificate"),
+        logger,
+        registry,
+      ),
     );
-    return `tls://${listen.host}:${listen.port}`;
+    if (cluster)
+      this.natsTls.push(
+        new TlsReloader(
+          "nats-server-routes",
+          { certFile: config.nats.cluster.tls.certFile, keyFile: config.nats.cluster.tls.keyFile },
+          () => reloadAll("route certificate"),
+          logger,
+          registry,
+        ),
+      );
+    return { url: config.nats.url, nodes };
   }
 
-  private natsTls: TlsReloader | undefined;
+  private readonly natsTls: TlsReloader[] = [];
 
   /** Starts one of callplane's own services (dist/src/services/<dir>/main.js) and waits for ready. */
   async startService(
@@ -327,10 +404,11 @@ export class LocalStack {
     if (this.stopping) return;
     this.stopping = true;
     rmSync(this.stackFile, { force: true });
-    this.natsTls?.close();
+    for (const r of this.natsTls) r.close();
     // services first (they drain), nats-server last so that draining services can still use it
-    const nats = this.children.filter((c) => c.spec.name === "nats-server");
-    const rest = this.children.filter((c) => c.spec.name !== "nats-server").reverse();
+    const isNats = (c: SupervisedChild) => /^nats-server(-\d+)?$/.test(c.spec.name);
+    const nats = this.children.filter(isNats);
+    const rest = this.children.filter((c) => !isNats(c)).reverse();
     // everything stops at once: no balancer to notice, no replica to take over, so no drain delay
     await Promise.all(rest.map((c) => c.stop(graceMs, { drainDelay: false })));
     await Promise.all(nats.map((c) => c.stop(5000)));

@@ -77,8 +77,10 @@ export function tmpDir(t: Ctx, prefix = "callplane-test-"): string {
 }
 
 export interface Nats {
-  /** tls://<host>:<port> */
+  /** tls://<host>:<port>; for a cluster, every node's, separated by commas */
   url: string;
+  /** How many servers: 1, or a cluster's size (what nats.cluster.size says to services). */
+  servers: number;
   host: string;
   port: number;
   process: ChildProcess;
@@ -198,25 +200,17 @@ export async function startNats(
   const url = `tls://${host}:${port}`;
   const startCallout = async (plugins: NatsAuthCalloutOptions["plugins"], logFile?: string) => {
     await callout?.close();
-    callout = createNatsAuthCallout({
-      nats: serviceNatsAccess({ url, caFile, credentialsDir, role: "nats-auth-callout" }),
-      issuerSeed: readCalloutIssuerSeed(credentialsDir),
+    callout = await startTestCallout(
+      { url, caFile, credentialsDir, region: opts.region ?? "test" },
       plugins,
-      nkeyWorker: {
-        publicKey: () => publicKeyOf(readWorkerSeed(credentialsDir)),
-        region: opts.region ?? "test",
-      },
-      sampling: { initial: 0, thereafter: 1 },
-      logger: logFile
-        ? createLogger("nats-auth-callout", { destination: logFile, sync: true, level: "debug" })
-        : silentLogger(),
-    });
-    await callout.start();
+      logFile,
+    );
   };
   await startCallout({});
   return {
     replaceCallout: startCallout,
     url,
+    servers: 1,
     host,
     port,
     get process() {
@@ -265,6 +259,37 @@ export async function startNats(
   };
 }
 
+/**
+ * The auth callout in this process, as a test's NATS runs with it: it knows the shared worker
+ * nkey, and the webhook plugins given (none: nkey mode).
+ */
+export async function startTestCallout(
+  nats: { url: string; caFile: string; credentialsDir: string; region: string },
+  plugins: NatsAuthCalloutOptions["plugins"],
+  logFile?: string,
+): Promise<ReturnType<typeof createNatsAuthCallout>> {
+  const callout = createNatsAuthCallout({
+    nats: serviceNatsAccess({
+      url: nats.url,
+      caFile: nats.caFile,
+      credentialsDir: nats.credentialsDir,
+      role: "nats-auth-callout",
+    }),
+    issuerSeed: readCalloutIssuerSeed(nats.credentialsDir),
+    plugins,
+    nkeyWorker: {
+      publicKey: () => publicKeyOf(readWorkerSeed(nats.credentialsDir)),
+      region: nats.region,
+    },
+    sampling: { initial: 0, thereafter: 1 },
+    logger: logFile
+      ? createLogger("nats-auth-callout", { destination: logFile, sync: true, level: "debug" })
+      : silentLogger(),
+  });
+  await callout.start();
+  return callout;
+}
+
 export interface ApiFixture {
   url: string;
   store: Store;
@@ -305,7 +330,7 @@ export interface StartApiOptions {
   workerAuth?: "nkey" | "token";
   identityTtlSeconds?: number;
   clusterId?: string;
-  queue?: { maxMessages?: number; maxMessageBytes?: number; ackWaitSeconds?: number };
+  queue?: { maxMessages?: number; maxMessageBytes?: number; ackWaitSeconds?: number; replicas?: number };
   /** A fixed port (a restarted API keeps its address); 0 by default. */
   port?: number;
 }
@@ -369,10 +394,18 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
       queue: {
         maxMessages: opts.queue?.maxMessages ?? 100_000,
         maxMessageBytes: opts.queue?.maxMessageBytes ?? 6 * 1024 * 1024,
-        replicas: 1,
+        replicas: opts.queue?.replicas ?? 1,
         ackWaitSeconds: opts.queue?.ackWaitSeconds ?? 30,
       },
-      ...(opts.nats ? { nats: { app: opts.nats.access("api"), sys: opts.nats.access("api-revoker") } } : {}),
+      ...(opts.nats
+        ? {
+            nats: {
+              app: opts.nats.access("api"),
+              sys: opts.nats.access("api-revoker"),
+              servers: opts.nats.servers,
+            },
+          }
+        : {}),
       workerAuth: opts.workerAuth ?? "nkey",
       ...(opts.nats ? { workerNkeySeed: () => readWorkerSeed(opts.nats!.credentialsDir) } : {}),
       identity: { signer: idSigner, store: identities },

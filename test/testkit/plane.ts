@@ -3,7 +3,7 @@
 // callback proxy with a test PKI. Services run in this process on 127.0.0.1:0 unless a test asks
 // for other loopback addresses (replicaHosts) or child processes.
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { createServer, type Server } from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
@@ -77,8 +77,9 @@ export function readLog(file: string): Array<Record<string, unknown>> {
 export async function startExampleServer(
   t: Ctx,
   host = "127.0.0.1",
+  handler: (req: IncomingMessage, res: ServerResponse) => void = exampleHandler,
 ): Promise<{ server: Server; port: number; url: string }> {
-  const server = createServer({ keepAliveTimeout: 65_000 }, exampleHandler);
+  const server = createServer({ keepAliveTimeout: 65_000 }, handler);
   await new Promise<void>((r) => server.listen(0, host, r));
   t.after(() => {
     server.closeAllConnections();
@@ -212,6 +213,10 @@ export interface PlaneOptions {
   inferenceUrl?: string;
   /** Options for the API (worker auth mode, identity lifetime). */
   api?: Omit<NonNullable<Parameters<typeof startApi>[1]>, "dir" | "nats">;
+  /** A NATS the test started (a cluster, say) instead of the plane's own single server. */
+  nats?: Nats;
+  /** The example inference server's handler, wrapped (a test that counts what reaches it). */
+  inferenceHandler?: (req: IncomingMessage, res: ServerResponse) => void;
 }
 
 export function workerEnv(
@@ -238,9 +243,12 @@ export function workerEnv(
 }
 
 export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane> {
-  const natsDir = scratchDir("callplane-nats-");
-  const nats = await startNats(t, { dir: natsDir.dir });
-  natsDir.removeAfter(t);
+  let nats = opts.nats;
+  if (!nats) {
+    const natsDir = scratchDir("callplane-nats-");
+    nats = await startNats(t, { dir: natsDir.dir });
+    natsDir.removeAfter(t);
+  }
   const apiDir = scratchDir("callplane-api-");
   // the API creates the queues, with the plane's limits
   const api = await startApi(t, {
@@ -253,7 +261,7 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
   const fn = await deployFunction(api, `fn-${Math.random().toString(36).slice(2, 10)}`, {
     inferenceUrl: opts.inferenceUrl ?? "/echo",
   });
-  const inference = await startExampleServer(t);
+  const inference = await startExampleServer(t, "127.0.0.1", opts.inferenceHandler);
   // workers started later write here until their own hooks stop them; removal tolerates that
   const responses = scratchDir("callplane-responses-");
   responses.removeAfter(t);

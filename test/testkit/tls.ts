@@ -13,7 +13,7 @@ export interface TestPki {
   ca: CaMaterial;
   issue(
     names: string[],
-    opts?: { notBefore?: Date; notAfter?: Date },
+    opts?: { notBefore?: Date; notAfter?: Date; clientAuth?: boolean },
   ): Promise<{ certPem: string; keyPem: string }>;
 }
 

@@ -1,18 +1,103 @@
 // `callplane nats rotate-worker-key`: the last step of the switch to token mode (docs/operations.md),
 // and the answer to a leaked worker key. It runs on the stack's machine: it writes a new seed to
 // nats.credentialsDir (the auth callout checks nkey logins against that file at every login) and
-// closes, through the system account, every connection that logged in with the old key.
+// closes, through the system account, every connection that logged in with the old key, on every
+// server of a cluster.
+// `callplane nats status`: the health of every NATS server (a cluster's nodes, their routes, the
+// JetStream leader, each work queue's replicas), read through the system account as nats-monitor.
 import type { Command } from "commander";
 import { writeFileAtomic } from "../../lib/auth.js";
 import { rotateWorkerKeyAndClose } from "../../lib/nats-admin.js";
 import { natsAccess, natsServerAuthConfig } from "../../lib/nats-auth.js";
+import { natsClusterHealth } from "../../lib/nats-health.js";
+import { connectNats, drainOrClose } from "../../lib/queue.js";
+import { silentLogger } from "../../lib/log.js";
 import { CliError } from "../errors.js";
-import { printJson } from "../output.js";
+import { printFields, printJson, printTable } from "../output.js";
 import { settingsFor } from "../settings.js";
 import { stackConfig } from "./pki.js";
 
 export function registerNats(program: Command): void {
-  const nats = program.command("nats").description("the stack's NATS credentials");
+  const nats = program.command("nats").description("the stack's NATS: its health and credentials");
+  nats
+    .command("status")
+    .description(
+      "show every NATS server (each node of a cluster): up and healthy, its routes, the JetStream leader, each work queue's replicas",
+    )
+    .option(
+      "--stack-config <file>",
+      "the stack's environment file (default: ./callplane.yaml when present, else the defaults)",
+    )
+    .addHelpText("after", "\nExits 1 when a server is missing or unhealthy, so scripts can wait on it.")
+    .action(async (opts: { stackConfig?: string }, cmd: Command) => {
+      const s = settingsFor(cmd);
+      const config = stackConfig(opts.stackConfig);
+      const expected = config.nats.cluster.size;
+      let nc;
+      try {
+        nc = await connectNats(natsAccess(config, "nats-monitor"), "callplane-cli", silentLogger());
+      } catch (err) {
+        throw new CliError(
+          `cannot connect to NATS at ${config.nats.url}: ${(err as Error).message}`,
+          "NATS_UNREACHABLE",
+          {
+            hint: "run it on the stack's machine, with the stack's configuration (--stack-config), while nats-server runs",
+          },
+        );
+      }
+      let h;
+      try {
+        h = await natsClusterHealth(nc, expected);
+      } finally {
+        await drainOrClose(nc);
+      }
+      process.exitCode = h.ok ? 0 : 1;
+      if (s.json) {
+        printJson(h);
+        return;
+      }
+      printFields([
+        ["servers", `${h.servers.length} of ${expected} answered`],
+        ...(expected > 1
+          ? ([
+              ["cluster", config.nats.cluster.name],
+              ["meta leader", h.metaLeader ?? "none agreed"],
+            ] as Array<[string, string]>)
+          : []),
+        ["health", h.ok ? "ok" : "NOT OK"],
+      ]);
+      console.log("");
+      printTable(
+        ["server", "address", "health", "routes to", "leader it sees"],
+        h.servers.map((x) => [
+          x.name,
+          x.host ?? "-",
+          x.healthy ? "ok" : `${x.status}${x.error ? `: ${x.error}` : ""}`,
+          x.routesTo.join(",") || "-",
+          x.metaLeader ?? "-",
+        ]),
+      );
+      if (h.streams.length) {
+        console.log("");
+        printTable(
+          ["stream", "leader", "followers", "messages"],
+          h.streams.map((x) => [
+            x.name,
+            x.leader ?? "none",
+            x.replicas.length
+              ? x.replicas
+                  .map((r) => `${r.name}:${r.offline ? "offline" : r.current ? "current" : `lag ${r.lag}`}`)
+                  .join(" ")
+              : "-",
+            x.messages === undefined ? "-" : String(x.messages),
+          ]),
+        );
+      }
+      if (h.problems.length) {
+        console.log("");
+        for (const p of h.problems) console.log(`problem: ${p}`);
+      }
+    });
   nats
     .command("rotate-worker-key")
     .description(
@@ -27,7 +112,11 @@ export function registerNats(program: Command): void {
       const config = stackConfig(opts.stackConfig);
       let r;
       try {
-        r = await rotateWorkerKeyAndClose(config.nats.credentialsDir, natsAccess(config, "api-revoker"));
+        r = await rotateWorkerKeyAndClose(
+          config.nats.credentialsDir,
+          natsAccess(config, "api-revoker"),
+          config.nats.cluster.size,
+        );
       } catch (err) {
         throw new CliError(
           `could not rotate the worker key: ${(err as Error).message}. Run it on the stack's machine, with the stack's configuration (--stack-config), while nats-server runs`,
@@ -39,7 +128,14 @@ export function registerNats(program: Command): void {
         return;
       }
       console.log(`new worker key: ${r.newPublicKey}`);
-      console.log(`closed ${r.closed} NATS connection(s) that logged in as ${r.oldUser}`);
+      console.log(
+        `closed ${r.closed} NATS connection(s) that logged in as ${r.oldUser}` +
+          (r.expected > 1 ? ` (${r.servers.map((x) => `${x.name}: ${x.closed}`).join(", ")})` : ""),
+      );
+      if (r.servers.length < r.expected)
+        console.log(
+          `only ${r.servers.length} of ${r.expected} NATS servers (nats.cluster.size) answered: run it again once every node is up to close connections on the others`,
+        );
       if (config.nats.workerAuth === "nkey")
         console.log(
           "nats.workerAuth is nkey: workers started from now on get the new key; running ones must be replaced (redeploy)",

@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
 import { loadConfig, ConfigError } from "../../lib/config.js";
-import { natsCertNames } from "../../lib/nats-server.js";
+import { natsCertNames, natsRouteCertNames } from "../../lib/nats-server.js";
 import { cidrHost, parseCidr } from "../../lib/net.js";
 import { TLS_FILES, describeCert, ensureCa, ensureServerCert, stackCertificates } from "../../lib/pki.js";
 import { CliError } from "../errors.js";
@@ -30,8 +30,10 @@ function certificatesOf(config: ReturnType<typeof loadConfig>) {
     upstreamTls: config.workerCallbackProxy.invocation.upstreamTls.enabled,
     frontendCertFile: config.workerCallbackProxy.tls.frontend.certFile,
     replicaIps: Array.from({ length: config.invocation.replicaCount }, (_, i) => cidrHost(net, i + 1)),
-    natsNames: config.nats.server.enabled ? natsCertNames(config.nats.url, config.nats.server.listen) : [],
+    natsNames: config.nats.server.enabled ? natsCertNames(config.nats) : [],
     natsCertFile: config.nats.tls.certFile,
+    natsRouteNames: config.nats.server.enabled ? natsRouteCertNames(config.nats) : [],
+    natsRouteCertFile: config.nats.cluster.tls.certFile,
   });
 }
 
@@ -131,7 +133,10 @@ export function registerPki(program: Command): void {
         done.push({
           name: c.name,
           folder: c.folder,
-          action: await ensureServerCert(c.folder, ca, c.dnsNames, { force: opts.force ?? false }),
+          action: await ensureServerCert(c.folder, ca, c.dnsNames, {
+            force: opts.force ?? false,
+            clientAuth: c.clientAuth ?? false,
+          }),
         });
       }
       if (s.json) {

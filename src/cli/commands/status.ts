@@ -3,6 +3,7 @@
 import { connect } from "node:net";
 import type { Command } from "commander";
 import { freshTokenAdvice, networkError, type Service } from "../client.js";
+import { natsServers } from "../../lib/nats-cluster.js";
 import { apiInfo } from "./init.js";
 import { printFields, printJson, relative } from "../output.js";
 import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Sourced } from "../settings.js";
@@ -98,8 +99,14 @@ export function registerStatus(program: Command): void {
               }),
             ]
           : []),
+        // a cluster's URL names every node: one check each
         ...(s.stack?.nats
-          ? [tcpCheck("nats", { value: s.stack.nats, from: `nats in ${tildify(s.stackFile)}` })]
+          ? natsServers(s.stack.nats).map((url, i, all) =>
+              tcpCheck(all.length > 1 ? `nats-${i + 1}` : "nats", {
+                value: url,
+                from: `nats in ${tildify(s.stackFile)}`,
+              }),
+            )
           : []),
       ]);
       const token = s.token();

@@ -121,7 +121,11 @@ runService("api", async (config, logger) => {
     workerTrust: {
       region: config.global.region,
       queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
-      nats: { app: natsAccess(config, "api"), sys: natsAccess(config, "api-revoker") },
+      nats: {
+        app: natsAccess(config, "api"),
+        sys: natsAccess(config, "api-revoker"),
+        servers: config.nats.cluster.size,
+      },
       workerAuth,
       // token mode: the API does not hold the shared worker key at all, so it cannot hand it out
       ...(workerAuth === "nkey" ? { workerNkeySeed: () => readWorkerSeed(config.nats.credentialsDir) } : {}),

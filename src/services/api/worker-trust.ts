@@ -33,8 +33,12 @@ export type WorkerAuthMode = "nkey" | "token";
 export interface WorkerTrustOptions {
   region: string;
   queue: QueueLimits;
-  /** NATS for the queues (APP) and for closing revoked workers' connections (SYS); tests may leave it out. */
-  nats?: { app: NatsAccess; sys?: NatsAccess };
+  /**
+   * NATS for the queues (APP) and for closing revoked workers' connections (SYS); tests may leave it
+   * out. `servers`: how many servers the cluster has (nats.cluster.size), each asked for the
+   * connections it holds.
+   */
+  nats?: { app: NatsAccess; sys?: NatsAccess; servers?: number };
   workerAuth: WorkerAuthMode;
   /** nkey mode: the shared worker nkey seed (read when asked, so a rotation is picked up). */
   workerNkeySeed?: () => string;
@@ -109,10 +113,23 @@ export function createWorkerTrust(opts: WorkerTrustOptions, deps: Deps) {
   /** The NATS user of a worker with its own identity: named after its version, plus the instance. */
   const workerUser = (fvid: string, instanceId: string) => `worker-${fvid}.${instanceId}`;
 
-  /** Closes every NATS connection that logged in with this instance's identity (token mode). */
+  /** Closes every NATS connection that logged in with this instance's identity (token mode), on every server. */
   async function kick(instanceId: string): Promise<number> {
     if (!sys) return 0;
-    return closeConnections(sys, (u) => u.startsWith("worker-") && u.endsWith(`.${instanceId}`));
+    const r = await closeConnections(sys, (u) => u.startsWith("worker-") && u.endsWith(`.${instanceId}`), {
+      servers: opts.nats?.servers ?? 1,
+    });
+    if (r.servers.length < r.expected)
+      logger.warn(
+        {
+          instanceId,
+          answered: r.servers.map((s) => s.name),
+          expected: r.expected,
+          natsConnectionsClosed: r.closed,
+        },
+        "not every NATS server answered: a connection the revoked worker holds on a server that did not answer ends when its user JWT expires",
+      );
+    return r.closed;
   }
 
   async function revoke(instanceId: string, why: string): Promise<boolean> {

@@ -763,6 +763,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
           logger,
           opts.relay.registryTtlMs,
           REGISTRY_BUCKETS.grpcProxy,
+          opts.queue.replicas,
         );
         await replicas.start();
       }

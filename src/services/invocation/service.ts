@@ -42,7 +42,7 @@ import { RELAYED_HEADER, Relay } from "../../plane/relay.js";
 import { TokenTable, tokenHolder } from "../../plane/tokens.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
 import { isIPv4 } from "node:net";
-import { pollBucket, type NatsAccess } from "../../lib/nats-auth.js";
+import { REGISTRY_BUCKETS, pollBucket, type NatsAccess } from "../../lib/nats-auth.js";
 
 export interface InvocationServiceOptions {
   listen: HostPort;
@@ -210,6 +210,8 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       history: 1,
       ttl: 3600_000,
       storage: "memory" as never,
+      // as many copies as the work queues: on a cluster, polls survive the loss of a node
+      replicas: opts.queue.replicas,
     });
     return pollKv;
   }
@@ -772,6 +774,8 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
           { holder: holderId, relayUrl: url.origin },
           logger,
           opts.relay.registryTtlMs,
+          REGISTRY_BUCKETS.invocation,
+          opts.queue.replicas,
         );
         await replicas.start();
         relay = new Relay(replicas, holderId, opts.relay.idleMs ?? 300_000, logger);

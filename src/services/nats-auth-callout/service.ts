@@ -262,6 +262,8 @@ export function createNatsAuthCallout(opts: NatsAuthCalloutOptions) {
           account: ok.account,
           user: ok.user,
           client: { host: req.client_info.host, cid: req.client_info.id },
+          // which node asked: in a cluster, logins on every node come to this one callout
+          server: req.server_id.name,
         },
         "Authentication successful",
       );

@@ -37,6 +37,15 @@ export interface WorkerAgent {
 }
 
 /** How the worker connects: the shared nkey, or the identity token in its file, read at every (re)connect. */
+/**
+ * How long one ack waits for JetStream's confirmation, and for how long it is sent again: long
+ * enough for a NATS cluster to elect a new consumer leader and for a worker whose node went to
+ * reconnect to another (seconds each).
+ */
+const ACK_TIMEOUT_MS = 2000;
+const ACK_RETRY_MS = 60_000;
+const ACK_BODY = new TextEncoder().encode("+ACK");
+
 export function workerNatsAccess(cfg: WorkerConfig): NatsAccess {
   const a = cfg.natsAuth;
   if (a.kind === "nkey") {
@@ -103,6 +112,8 @@ export function createWorkerAgent(
   let ready = false;
   let stopping = false;
   let active = 0;
+  /** Acks on their way to JetStream (ackConfirmed); a graceful stop waits for them. */
+  const acks = new Set<Promise<void>>();
   let slotFreed: (() => void) | undefined;
   let currentFetch: { stop(): void } | undefined;
   let loop: Promise<void> | undefined;
@@ -192,7 +203,16 @@ export function createWorkerAgent(
 
   async function handle(m: JsMsg): Promise<void> {
     const started = performance.now();
-    const keepAlive = setInterval(() => m.working(), cfg.keepAliveMs);
+    // in progress until the ack is confirmed (ackConfirmed stops it): a message whose ack is still
+    // on its way must not be redelivered meanwhile
+    const keepAlive = setInterval(() => {
+      try {
+        if (nc && !nc.isClosed()) m.working();
+      } catch {
+        // the connection is closing: nothing to keep alive
+      }
+    }, cfg.keepAliveMs);
+    let acking = false;
     let outcome: WorkOutcome = "failed";
     let item: WorkItem | StatefulSession | undefined;
     const slot = freeSlots.pop();
@@ -211,11 +231,14 @@ export function createWorkerAgent(
         logger.info({ requestId: item.requestId, err: (err as Error).message }, "work cancelled");
       } else logger.error({ err, requestId: item?.requestId }, "work failed");
     } finally {
-      clearInterval(keepAlive);
       if (item) inflight.delete(item.requestId);
-      // acked even on failure (contract §3.2): a redelivery would find the tokens used; not after
-      // destroy() closed the connection (the ack could only fail, after the fact)
-      if (!nc?.isClosed()) m.ack();
+      // acked even on failure (contract §3.2): a redelivery would find the tokens used, and run the
+      // inference again; not after destroy() closed the connection (the ack could only fail)
+      if (!nc?.isClosed()) {
+        acking = true;
+        ackConfirmed(m, item?.requestId, keepAlive);
+      }
+      if (!acking) clearInterval(keepAlive);
       items.inc({ outcome });
       duration.observe((performance.now() - started) / 1000);
       if (slot) {
@@ -225,6 +248,49 @@ export function createWorkerAgent(
         );
       }
     }
+  }
+
+  /**
+   * Acknowledges a message and waits for JetStream to confirm it, asking again when no answer
+   * comes. A plain ack is one publish that nobody confirms: on a NATS cluster, one sent while the
+   * consumer's leader is lost (a node killed, its leader moving) is dropped, and the message is
+   * redelivered after the ack wait and run a second time. The ack goes on in the background (the
+   * slot is free at once); `keepAlive` keeps the message in progress until it is confirmed.
+   */
+  function ackConfirmed(m: JsMsg, requestId: string | undefined, keepAlive: NodeJS.Timeout): void {
+    // the ack subject ($JS.ACK...): JsMsg's own ackAck() sends once only, so it is asked by hand
+    const subject = (m as JsMsg & { reply: string }).reply;
+    const until = Date.now() + ACK_RETRY_MS;
+    const p = (async () => {
+      try {
+        for (let attempt = 1; ; attempt++) {
+          const conn = nc;
+          if (!conn || conn.isClosed()) return;
+          try {
+            await conn.request(subject, ACK_BODY, { timeout: ACK_TIMEOUT_MS });
+            if (attempt > 1) logger.info({ requestId, attempts: attempt }, "ack confirmed");
+            return;
+          } catch (err) {
+            if (Date.now() > until || conn.isClosed()) {
+              logger.warn(
+                { requestId, attempts: attempt, err: (err as Error).message },
+                "JetStream did not confirm the ack; the message may be delivered again",
+              );
+              return;
+            }
+            logger.debug(
+              { requestId, attempt, err: (err as Error).message },
+              "ack unconfirmed; sending it again",
+            );
+            await sleep(Math.min(250 * attempt, 1000));
+          }
+        }
+      } finally {
+        clearInterval(keepAlive);
+      }
+    })();
+    acks.add(p);
+    void p.finally(() => acks.delete(p));
   }
 
   async function pullLoop(consumer: Consumer): Promise<void> {
@@ -310,7 +376,7 @@ export function createWorkerAgent(
       currentFetch?.stop();
       slotFreed?.();
       const deadline = Date.now() + graceMs;
-      while (active > 0 && Date.now() < deadline) await sleep(100);
+      while ((active > 0 || acks.size > 0) && Date.now() < deadline) await sleep(100);
       for (const item of inflight.values()) item.abort.abort();
       cancelSub?.unsubscribe();
       for (const s of freeSlots) s.close();
