@@ -72,16 +72,20 @@ function echoSlowly(req: IncomingMessage, res: ServerResponse, ms: number): void
 }
 
 /** The first call with a key never answers (and counts as hanging); later calls echo. */
+/** Never answers more; /stats counts it as hanging until the caller gives up. */
+function hang(req: IncomingMessage, res: ServerResponse): void {
+  stats.hanging++;
+  req.resume();
+  res.once("close", () => {
+    stats.hanging--;
+    stats.abandoned++;
+  });
+}
+
 function onceHang(req: IncomingMessage, res: ServerResponse, key: string): void {
   if (!seenKeys.has(key)) {
     seenKeys.add(key);
-    stats.hanging++;
-    req.resume();
-    res.once("close", () => {
-      stats.hanging--;
-      stats.abandoned++;
-    });
-    return;
+    return hang(req, res);
   }
   res.writeHead(200, { "content-type": req.headers["content-type"] ?? "application/octet-stream" });
   req.pipe(res);
@@ -249,15 +253,7 @@ export function handle(req: IncomingMessage, res: ServerResponse): void {
   if (path === "/once-hang") return onceHang(req, res, url.searchParams.get("key") ?? "");
   if (path === "/stall" || path === "/reset")
     return misbehave(path === "/stall" ? "stall" : "reset", req, res);
-  if (path === "/hang") {
-    stats.hanging++;
-    req.resume();
-    res.once("close", () => {
-      stats.hanging--;
-      stats.abandoned++;
-    });
-    return;
-  }
+  if (path === "/hang") return hang(req, res);
   req.resume();
   json(res, 404, { error: `no route ${path}` });
 }

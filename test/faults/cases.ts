@@ -119,6 +119,14 @@ async function roll(ctx: CaseContext, load: Load, pieces: Restartable[]): Promis
   return notes;
 }
 
+/** A rolling restart under HTTP load, which must not fail a single invocation. */
+async function rollUnderHttpLoad(ctx: CaseContext, pieces: Restartable[]): Promise<CaseOutcome> {
+  const load = httpLoad(ctx);
+  const notes = await roll(ctx, load, pieces);
+  const r = await load.stop();
+  return { loads: { http: r }, problems: [...accounting("http", r), ...noFailures("http", r)], notes };
+}
+
 /** The work queue's consumer has nothing in flight (no worker holds work it cannot finish). */
 async function queueSettles(ctx: CaseContext, timeoutMs = 30_000): Promise<string[]> {
   const nc = await ctx.plane.nats.observe("faults-queue");
@@ -260,12 +268,7 @@ export const CASES: FaultCase[] = [
   {
     name: "rolling-restart-invocation",
     criterion: "rolling restart of every invocation replica under load: zero failed client invocations",
-    async run(ctx) {
-      const load = httpLoad(ctx);
-      const notes = await roll(ctx, load, ctx.plane.replicas);
-      const r = await load.stop();
-      return { loads: { http: r }, problems: [...accounting("http", r), ...noFailures("http", r)], notes };
-    },
+    run: (ctx) => rollUnderHttpLoad(ctx, ctx.plane.replicas),
   },
   {
     name: "rolling-restart-grpc-proxy",
@@ -296,12 +299,7 @@ export const CASES: FaultCase[] = [
     name: "rolling-restart-callback-proxy",
     criterion:
       "rolling restart of the callback proxy (two replicas behind the balancer) under load: zero failed invocations",
-    async run(ctx) {
-      const load = httpLoad(ctx);
-      const notes = await roll(ctx, load, ctx.plane.proxies);
-      const r = await load.stop();
-      return { loads: { http: r }, problems: [...accounting("http", r), ...noFailures("http", r)], notes };
-    },
+    run: (ctx) => rollUnderHttpLoad(ctx, ctx.plane.proxies),
   },
   {
     name: "kill-9-invocation-replica",
