@@ -167,8 +167,11 @@ started_wall = int(time.time() * 1000)
 print(json.dumps({"started": started_wall}), flush=True)
 for t in threads:
     t.start()
+parent = os.getppid()
 while not stop.is_set() and time.monotonic() - started < args.duration:
     stop.wait(1)
+    if os.getppid() != parent:  # the runner died without stopping us: load for no one
+        os._exit(3)
     with lock:
         snap = dict(counts, in_flight=in_flight, t=round(time.monotonic() - started, 1))
     print(json.dumps({"progress": snap}), flush=True)
