@@ -235,13 +235,8 @@ export function createWorkerAgent(
       // acked even on failure (contract §3.2): a redelivery would find the tokens used, and run the
       // inference again; not after destroy() closed the connection (the ack could only fail)
       if (nc && !nc.isClosed()) {
-        // A plain ack is lost only when a cluster's consumer leader moves; on a single server it
-        // is enough, and a confirmed ack costs a reply per message (about 15% of the small-
-        // invocation rate in bench/invoke.ts). The server's INFO names its cluster.
-        if (nc.info?.cluster) {
-          acking = true;
-          ackConfirmed(m, item?.requestId, keepAlive);
-        } else m.ack();
+        acking = true;
+        ackConfirmed(m, item?.requestId, keepAlive);
       }
       if (!acking) clearInterval(keepAlive);
       items.inc({ outcome });
