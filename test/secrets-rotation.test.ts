@@ -190,6 +190,15 @@ async function rotation(t: TestContext, driver: "sqlite" | "postgres"): Promise<
         .split("\n")
         .filter((l) => re.test(l)),
     );
+  // services write their logs in batches (flushed every 200 ms): the last step's line may be on its way
+  await waitFor(
+    "the rotation's last log line",
+    () => (lines(/MEK rotation done/).length ? true : undefined),
+    {
+      timeoutMs: 10_000,
+      intervalMs: 100,
+    },
+  ).catch(() => undefined); // counted below
   assert.equal(lines(/MEK rotation started/).length, 1);
   assert.equal(lines(/the new MEK is primary/).length, 1, "promoted once");
   assert.equal(lines(/MEK rotation done/).length, 1, "retired once");
