@@ -41,8 +41,17 @@ const counts = {
   postTimeouts: 0,
   statuses: {} as Record<string, number>,
   lastError: "",
+  /** The first few refusals as they came (phase, status line, body), to say what failed and where. */
+  errorSamples: [] as string[],
 };
 let target = 0;
+/**
+ * POSTs allowed to wait for their 202 at once: starts at cfg.inflight, halves on every 504 (the
+ * workers did not take requests within their 1 s window: the machine is behind) and grows by one
+ * with each 202, back up to cfg.inflight. Without it a ramp on a busy machine feeds itself: each
+ * 504 starts another POST at once, and more of them time out.
+ */
+let window = cfg.inflight;
 const sockets = new Set<Socket>();
 
 const head = (method: string, path: string, extra: string) =>
@@ -97,15 +106,19 @@ function hold(): void {
         bodyEnd = z + 5;
       }
       if (buf.length < bodyEnd) return;
+      const body = buf.subarray(i + 4, Math.min(bodyEnd, i + 4 + 400)).toString("utf8");
       buf = buf.subarray(bodyEnd);
       counts.statuses[status] = (counts.statuses[status] ?? 0) + 1;
       if (status === 504 && phase === "post") {
         counts.postTimeouts++;
+        window = Math.max(10, Math.floor(window / 2));
         end("504 on the POST", false);
         return;
       }
       if (status !== 202) {
-        end(`status ${status}: ${text.split("\r\n")[0]}`, true);
+        const why = `${phase === "post" ? "POST" : "status poll"}: ${text.split("\r\n")[0]} ${body}`;
+        if (counts.errorSamples.length < 5) counts.errorSamples.push(why);
+        end(why, true);
         return;
       }
       if (phase === "post") {
@@ -115,6 +128,7 @@ function hold(): void {
           return;
         }
         phase = "poll";
+        window = Math.min(cfg.inflight, window + 1);
         counts.posting--;
         counts.polling++;
         pump();
@@ -124,9 +138,9 @@ function hold(): void {
   });
 }
 
-/** Starts requests while fewer than `target` are held and fewer than `inflight` POSTs wait. */
+/** Starts requests while fewer than `target` are held and fewer than `window` POSTs wait. */
 function pump(): void {
-  while (counts.started - counts.ended < target && counts.posting < cfg.inflight) hold();
+  while (counts.started - counts.ended < target && counts.posting < window) hold();
 }
 
 process.on("message", (m: { type: string; count?: number }) => {

@@ -28,7 +28,7 @@ export interface PendingBenchOptions {
   concurrency: number;
   /** The status polls' window (NVCF-POLL-SECONDS). */
   pollSeconds: number;
-  /** POSTs waiting for their 202 at most at once, per client process. */
+  /** POSTs waiting for their 202 at most at once, per client process (halved on each 504, then regrown). */
   inflight: number;
   /** Seconds to let a checkpoint settle before reading memory and CPU. */
   settleSeconds: number;
@@ -57,6 +57,7 @@ interface Counts {
   postTimeouts: number;
   statuses: Record<string, number>;
   lastError: string;
+  errorSamples: string[];
 }
 
 const dist = join(import.meta.dirname, "..");
@@ -186,7 +187,10 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
         if (sum((c) => c.polling) >= n) break;
         if (sum((c) => c.errors) > Math.max(100, n / 100))
           throw new Error(
-            `more than 1% of the pending requests failed (${sum((c) => c.errors)}); last: ${clients.map((c) => c.counts?.lastError).find(Boolean)}`,
+            `more than 1% of the pending requests failed (${sum((c) => c.errors)}); first ones: ${clients
+              .flatMap((c) => c.counts?.errorSamples ?? [])
+              .slice(0, 5)
+              .join(" | ")}`,
           );
         if (memAvailableMiB() < o.memoryFloorMiB) {
           // hold what is held: no more requests are started
@@ -246,6 +250,7 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
         ),
         memAvailableMiB: Math.round(memAvailableMiB()),
         errors: sum((c) => c.errors),
+        errorSamples: clients.flatMap((c) => c.counts?.errorSamples ?? []).slice(0, 5),
         postTimeouts: sum((c) => c.postTimeouts),
         repolls: sum((c) => c.repolls),
         loadavg: loadavg(),

@@ -207,6 +207,7 @@ test("a worker of version A reaches only A: not B's work, polls, cancels, consum
     `$KV.${REGISTRY_BUCKET}.00000001`,
     `$JS.API.STREAM.PURGE.${streamA}`,
     `$JS.API.STREAM.PURGE.${streamB}`,
+    `$JS.API.STREAM.MSG.DELETE.${streamA}`,
     `$JS.API.STREAM.DELETE.${streamA}`,
     `$JS.API.STREAM.CREATE.${streamB}`,
     `$JS.API.CONSUMER.DELETE.${streamA}.${consA}`,
@@ -246,6 +247,7 @@ test("a worker holding the shared worker nkey (nkey mode) cannot touch streams, 
   ];
   const denyPub = [
     `$JS.API.STREAM.PURGE.${stream}`,
+    `$JS.API.STREAM.MSG.DELETE.${stream}`,
     `$JS.API.STREAM.DELETE.${stream}`,
     `$JS.API.STREAM.CREATE.${stream}`,
     `$KV.${REGISTRY_BUCKET}.00000001`,

@@ -178,7 +178,14 @@ export function forwardStream(
       result.grpcStatus = headers["grpc-status"] as string | undefined;
     });
     down.on("wantTrailers", () => {
-      if (!down.destroyed) down.sendTrailers(trailers ?? {});
+      if (down.destroyed) return;
+      // a gRPC answer whose body ended without trailers has no status: the client is told so
+      if (!trailers && isGrpcRequest(downHeaders))
+        trailers = {
+          "grpc-status": String(GRPC.INTERNAL),
+          "grpc-message": encodeGrpcMessage("the next hop ended its answer without a gRPC status"),
+        };
+      down.sendTrailers(trailers ?? {});
     });
     down.once("close", () => {
       downClosed = true;
@@ -200,16 +207,24 @@ export function forwardStream(
           const f = opts.failure(code, gone);
           result.grpcStatus = String(f.grpcStatus);
           refuseStream(down, downHeaders, f, opts.responseHeaders as Record<string, string>);
-        } else if (code !== h2.NGHTTP2_NO_ERROR) {
-          result.outcome = "reset";
-          if (isGrpcRequest(downHeaders) && !down.writableEnded) {
-            // the answer had begun: end it with a status that says what happened, as trailers
+        } else if (isGrpcRequest(downHeaders)) {
+          // A gRPC answer is whole once its trailers came; those go out as they are (Node ends the
+          // client's stream after them, even while the client still sends). Without them the next
+          // hop reset the stream or its session went: Node ends the readable side of a stream
+          // whose session closes as if the answer were over, so an ended body proves nothing. The
+          // client is told with a status, as trailers, never with a reset (which it reads as
+          // INTERNAL); the body relayed so far stands.
+          if (!trailers) {
+            result.outcome = "reset";
             const f = opts.failure(code, gone);
             result.grpcStatus = String(f.grpcStatus);
             trailers = { "grpc-status": String(f.grpcStatus), "grpc-message": encodeGrpcMessage(f.message) };
             up.removeAllListeners("data");
-            down.end();
-          } else down.close(code);
+            if (!down.writableEnded) down.end();
+          }
+        } else if (code !== h2.NGHTTP2_NO_ERROR) {
+          result.outcome = "reset";
+          down.close(code);
         }
       }
       settle();

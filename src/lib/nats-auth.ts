@@ -71,7 +71,10 @@ const replicaOwned = (region: string) => [
   `$KV.${pollBucket(region)}.>`,
 ];
 
-/** The work-queue publishing side (invocation, grpc-proxy): work, cancels, polls, purge of one message. */
+/**
+ * The work-queue publishing side (invocation, grpc-proxy): work, cancels, polls, removal of one
+ * cancelled message (by sequence, or a purge filtered on its subject).
+ */
 const publisher = (role: string, region: string, extra: string[] = []): Permissions => ({
   publish: {
     allow: [
@@ -80,11 +83,14 @@ const publisher = (role: string, region: string, extra: string[] = []): Permissi
       "rq_polling.*.*",
       "$JS.API.INFO",
       "$JS.API.STREAM.PURGE.*",
+      "$JS.API.STREAM.MSG.DELETE.*",
       ...extra,
     ],
     deny: [
-      ...Object.values(REGISTRY_BUCKETS).map((b) => `$JS.API.STREAM.PURGE.KV_${b}`),
-      `$JS.API.STREAM.PURGE.KV_${pollBucket(region)}`,
+      ...[...Object.values(REGISTRY_BUCKETS), pollBucket(region)].flatMap((b) => [
+        `$JS.API.STREAM.PURGE.KV_${b}`,
+        `$JS.API.STREAM.MSG.DELETE.KV_${b}`,
+      ]),
     ],
   },
   subscribe: { allow: [`${INBOX.service(role)}.>`] },

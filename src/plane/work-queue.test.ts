@@ -7,7 +7,7 @@ import { silentLogger } from "../lib/log.js";
 import { DEFAULT_QUEUE_LIMITS, WorkQueues, connectNats, subjects } from "../lib/queue.js";
 import { WorkPublisher } from "./work-queue.js";
 
-test("a missing queue is asked of the control plane once, a repeated id is no error, a full queue is QUEUE_FULL, cancel purges", async (t) => {
+test("a missing queue is asked of the control plane once, a repeated id is no error, a full queue is QUEUE_FULL, cancel removes the message (by sequence, or by a purge when none is known)", async (t) => {
   const nats = await startNats(t, { region: "test" });
   // a replica's own connection (it may publish, not create streams); the control plane's stand-in
   // creates the queue when asked, on a connection of the test's
@@ -26,22 +26,34 @@ test("a missing queue is asked of the control plane once, a repeated id is no er
   const cancels: string[] = [];
   admin.subscribe(subjects.cancel(fvid), { callback: (_e, m) => void cancels.push(m.string()) });
   const a = randomUUID();
-  await pub.publish(fvid, a, new Uint8Array([1]));
+  const b = randomUUID();
+  const seqA = await pub.publish(fvid, a, new Uint8Array([1]));
+  assert.equal(typeof seqA, "number", "a confirmed publish says its sequence");
   assert.deepEqual(asked, [fvid], "the missing queue was asked for once");
-  await pub.publish(fvid, a, new Uint8Array([1]));
-  await pub.publish(fvid, randomUUID(), new Uint8Array([2]));
+  assert.equal(
+    await pub.publish(fvid, a, new Uint8Array([1])),
+    undefined,
+    "a repeat has no sequence of its own",
+  );
+  await pub.publish(fvid, b, new Uint8Array([2]));
   await assert.rejects(pub.publish(fvid, randomUUID(), new Uint8Array([3])), { code: "QUEUE_FULL" });
   assert.deepEqual(asked, [fvid]);
   const jsm = await jetstreamManager(admin);
   assert.equal((await jsm.streams.info(subjects.stream("test", fvid))).state.messages, 2);
-  pub.cancel(fvid, a, "test");
-  await nc.flush();
-  for (
-    let i = 0;
-    i < 100 && (await jsm.streams.info(subjects.stream("test", fvid))).state.messages !== 1;
-    i++
-  )
-    await new Promise((r) => setTimeout(r, 20));
-  assert.equal((await jsm.streams.info(subjects.stream("test", fvid))).state.messages, 1);
-  assert.deepEqual(cancels, [a]);
+  const left = async (n: number) => {
+    await nc.flush();
+    for (
+      let i = 0;
+      i < 100 && (await jsm.streams.info(subjects.stream("test", fvid))).state.messages !== n;
+      i++
+    )
+      await new Promise((r) => setTimeout(r, 20));
+    return (await jsm.streams.info(subjects.stream("test", fvid))).state.messages;
+  };
+  pub.cancel(fvid, a, "test", seqA);
+  assert.equal(await left(1), 1, "deleted by its sequence");
+  assert.equal(await jsm.streams.getMessage(subjects.stream("test", fvid), { seq: seqA! }), null);
+  pub.cancel(fvid, b, "test");
+  assert.equal(await left(0), 0, "purged by its subject");
+  assert.deepEqual(cancels, [a, b]);
 });

@@ -1,8 +1,8 @@
 // Putting work on a function version's queue and taking it back: the publish (a duplicate request id
 // counts as published; a full queue and a silent JetStream are told apart; a queue that is missing is
 // asked of the API, which alone may create queues, once), and the cancel (a broadcast to the
-// version's workers, and a purge of the message if no worker took it yet). The invocation service
-// and grpc-proxy share it.
+// version's workers, and the removal of the message if no worker took it yet). The invocation
+// service and grpc-proxy share it.
 import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -47,7 +47,11 @@ export class WorkPublisher {
     this.queues = new WorkQueues(nc, region, limits);
   }
 
-  async publish(fvid: string, requestId: string, data: Uint8Array): Promise<void> {
+  /**
+   * Puts the request on its version's queue; resolves with the message's stream sequence (what
+   * `cancel` removes it by), or undefined when the stream already held a message for the id.
+   */
+  async publish(fvid: string, requestId: string, data: Uint8Array): Promise<number | undefined> {
     // A replicated queue (a NATS cluster) loses its leader when a node goes, and answers nothing
     // (or "no responders") until the others elect a new one, in a few seconds: an unconfirmed
     // publish is sent again for up to REPLICATED_RETRY_MS. Sending again is safe: the stream keeps
@@ -58,11 +62,10 @@ export class WorkPublisher {
         // No Nats-Msg-Id: the stream already keeps one message per subject, and the subject ends in
         // the request id, so a repeated publish is refused as a duplicate (and taken as success
         // below) without a header and a dedupe-window entry on every message.
-        await this.js.publish(subjects.work(this.region, fvid, requestId), data);
-        return;
+        return (await this.js.publish(subjects.work(this.region, fvid, requestId), data)).seq;
       } catch (err) {
         const kind = classifyPublishError(err);
-        if (kind === "duplicate") return;
+        if (kind === "duplicate") return undefined;
         if (kind === "full") {
           throw new CallplaneError(
             "QUEUE_FULL",
@@ -100,24 +103,36 @@ export class WorkPublisher {
     }
   }
 
-  /** Tells the version's workers to stop the request and removes its message if none took it yet. */
-  cancel(fvid: string, requestId: string, why: string): void {
+  /**
+   * Tells the version's workers to stop the request and removes its message if none took it yet:
+   * by its sequence when the publish was confirmed, else by a purge filtered on its subject. The
+   * sequence is what keeps a cancel cheap for nats-server: a filtered purge makes the consumer look
+   * up every message it has delivered and not seen acknowledged (each request a worker holds), so
+   * with tens of thousands in progress a burst of cancels stalled the server (publishes then went
+   * unconfirmed, and their withdrawals were purges too); a delete by sequence touches one entry.
+   */
+  cancel(fvid: string, requestId: string, why: string, seq?: number): void {
     // a replica stopping now (its connection closing) cancels nothing: its messages expire by
     // themselves, and a publish queued on a closing connection would fail after the fact
     if (this.nc.isClosed() || this.nc.isDraining()) return;
-    this.logger.debug({ requestId, why }, "cancelling request");
+    this.logger.debug({ requestId, why, seq }, "cancelling request");
     try {
       this.nc.publish(subjects.cancel(fvid), requestId);
     } catch (err) {
       this.logger.warn({ requestId, err }, "could not publish the cancel");
     }
+    const stream = subjects.stream(this.region, fvid);
     this.queues
       .manager()
-      .then((jsm) =>
-        jsm.streams.purge(subjects.stream(this.region, fvid), {
-          filter: subjects.work(this.region, fvid, requestId),
-        }),
+      .then((jsm): Promise<unknown> =>
+        seq === undefined
+          ? jsm.streams.purge(stream, { filter: subjects.work(this.region, fvid, requestId) })
+          : // no erase: the message is marked deleted, not overwritten on disk
+            jsm.streams.deleteMessage(stream, seq, false),
       )
-      .catch((err: unknown) => this.logger.debug({ requestId, err }, "purge after cancel failed"));
+      // a message a worker already acknowledged is gone: "no message found" is the common answer
+      .catch((err: unknown) =>
+        this.logger.debug({ requestId, seq, err }, "removing the cancelled message failed"),
+      );
   }
 }

@@ -213,7 +213,8 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       tokens.delete(ended.token);
       if (waiting.release(ended)) {
         // never reached by a worker: take the work back (a resumption queued none)
-        if (!ended.resumed && !destroyed) publisher?.cancel(ended.functionVersionId, ended.requestId, why);
+        if (!ended.resumed && !destroyed)
+          publisher?.cancel(ended.functionVersionId, ended.requestId, why, ended.seq);
       } else openSessions.dec();
       if (sessions.get(ended.requestId) === ended) sessions.delete(ended.requestId);
       logger.info({ requestId: ended.requestId, functionId: ended.functionId, why }, "session ended");
@@ -253,7 +254,10 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     const s = newSession(newRequestId(holderId), functionId, version.functionVersionId);
     routes.set(route, s);
     publisher!.publish(version.functionVersionId, s.requestId, workMessage(s, s.token!, grant)).then(
-      () => logger.debug({ requestId: s.requestId, functionId }, "session queued"),
+      (seq) => {
+        s.seq = seq;
+        logger.debug({ requestId: s.requestId, functionId, seq }, "session queued");
+      },
       (err: unknown) => s.end(toCallplaneError(err), "publish failed"),
     );
     return s;

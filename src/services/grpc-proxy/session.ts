@@ -22,6 +22,8 @@ export class Session {
   cookieSent = false;
   /** Started by a resumption (nvcf-reqid): its work was queued elsewhere, so it is never cancelled from here. */
   resumed = false;
+  /** The work message's stream sequence once its publish was confirmed (a cancel removes it by it). */
+  seq: number | undefined;
   private readonly waiters = new Set<Waiter>();
   private active = 0;
   private idleTimer: NodeJS.Timeout | undefined;

@@ -97,6 +97,8 @@ interface Pending {
   state: PendingState;
   /** True for a status poll (GET /v2/nvcf/pexec/status/{id}): its message is not in the queue. */
   poll: boolean;
+  /** The work message's stream sequence once its publish was confirmed (a cancel removes it by it). */
+  seq?: number;
   started: number;
 }
 
@@ -240,7 +242,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     // A status poll that ends (client left, window over) does not end the request: the client may
     // poll again, and the worker gives up on its own when polls stop coming.
     if (p.poll) return;
-    publisher?.cancel(p.version.functionVersionId, p.requestId, why);
+    publisher?.cancel(p.version.functionVersionId, p.requestId, why, p.seq);
   }
 
   function track(p: Pending, windowSeconds: number): void {
@@ -378,7 +380,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     const data = workMessage(p, req.method!, path, forwardHeaders(req, windowSeconds), body.head, grant);
     track(p, windowSeconds);
     try {
-      await publisher!.publish(version.functionVersionId, p.requestId, data);
+      p.seq = await publisher!.publish(version.functionVersionId, p.requestId, data);
     } catch (err) {
       release(p);
       invocations.inc({ outcome: "rejected" });
@@ -402,7 +404,13 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         "REQUEST_NOT_FOUND",
         `"${requestId}" is not a request id (a UUID from the NVCF-REQID header)`,
       );
-    const entry = await (await pollKvBucket()).get(requestId);
+    const entry = await (await pollKvBucket()).get(requestId).catch((err: unknown) => {
+      throw new CallplaneError(
+        "UNAVAILABLE",
+        `the record of request ${requestId} could not be read (NATS did not answer in time); poll again shortly`,
+        { cause: err },
+      );
+    });
     if (!entry || entry.operation !== "PUT") {
       // The key is checked first all the same (against no function: the API checks the key and its
       // scope before the function), so that whether a request id is live is not told to a caller
