@@ -40,11 +40,7 @@ export const PROFILES: Record<ProfileName, Profile> = {
     rotations: 3,
     slowConnections: 50,
     assertLatency: false,
-    leaveOut: {
-      "rolling-restart-grpc-proxy":
-        "open bug: in one CI run a call in flight on a stopping grpc-proxy was reset with RST_STREAM INTERNAL_ERROR " +
-        "(grpc INTERNAL) instead of ending UNAVAILABLE (1 of 6,243); the full profile runs it",
-    },
+    leaveOut: {},
   },
   full: {
     name: "full",
