@@ -450,7 +450,12 @@ function rowsScale(r: Result, o: ScaleBenchOptions): Row[] {
 }
 
 function rowsPending(r: Result): Row[] {
-  const cps = (r.checkpoints as Array<Record<string, unknown>> | undefined) ?? [];
+  // the figures of a step that did not reach its target are not per-request figures (workers
+  // added for it count at their resting size, the step's ramp is still under way): only the steps
+  // that held what they were asked to are rows; the section's lines say where a ramp stopped
+  const cps = ((r.checkpoints as Array<Record<string, unknown>> | undefined) ?? []).filter(
+    (c) => c.reachedTarget !== false,
+  );
   if (!cps.length) return [];
   const first = cps[0];
   const last = cps[cps.length - 1];
@@ -559,7 +564,7 @@ const SECTIONS: Section[] = [
   {
     key: "pending",
     title: "Memory per pending (polled) request",
-    how: "Requests that got their 202 (NVCF-POLL-SECONDS: 1) to the example server's /slow told to take two hours, each with a client long-polling `GET /status/{id}` on its own connection (raw sockets, client processes of their own). Each process's RSS is read at rest, then at each checkpoint once that many requests are held; per pending request = growth ÷ count. Requests are spread over replicas, inference servers and clients of at most 15,000 each (the machine's 20,000 open files per process) and workers of 1,024 slots each. A step that would leave the machine less than the memory floor is cut short, and says so. One ramp (runs = 1); the baseline is the same figure at the first checkpoint (a ratio near 1 means linear).",
+    how: "Requests that got their 202 (NVCF-POLL-SECONDS: 1) to the example server's /slow told to take two hours, each with a client long-polling `GET /status/{id}` on its own connection (raw sockets, client processes of their own). Each process's RSS is read at rest, then at each checkpoint once that many requests are held; per pending request = growth ÷ count. Requests are spread over replicas, inference servers and clients of at most 15,000 each (the machine's 20,000 open files per process) and workers of 1,024 slots each. A step that would leave the machine less than the memory floor is cut short, and says so. Rows come from the steps that held what they were asked to; a step whose ramp stopped short is in the lines below the table, with why. One ramp (runs = 1); the baseline is the same figure at the first checkpoint (a ratio near 1 means linear).",
     run: (p) => benchPending(p.pending),
     rows: (r) => rowsPending(r),
     extra: (r) => {

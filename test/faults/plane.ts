@@ -23,32 +23,13 @@ import { freePortOnAll } from "../testkit/hosts.js";
 import { removeDir, repoRoot, startApi, startNats, type ApiFixture, type Nats } from "../testkit/index.js";
 import { createNetns, type Netns } from "../testkit/netns.js";
 import { deployFunction, type DeployedFunction } from "../testkit/plane.js";
-import { scripts, startExampleProcess, startService, type ChildHandle } from "../testkit/processes.js";
+import { Scope, scripts, startExampleProcess, startService, type ChildHandle } from "../testkit/processes.js";
 
 export const REGION = "faults";
 export const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
 export const WORKER_DOMAIN = "worker.callplane.test";
 const REPLICA_IPS = ["127.0.61.1", "127.0.61.2", "127.0.61.3"];
 const GRPC_IPS = ["127.0.62.1", "127.0.62.2"];
-
-/** Cleanups run last-registered-first, whether the suite passed or not. */
-export class Scope {
-  private hooks: Array<() => unknown> = [];
-  /** (typed to stand in for node:test's t.after, whose hooks are called here without arguments) */
-  after(fn?: (t: never, done: never) => unknown): void {
-    if (fn) this.hooks.push(fn as () => unknown);
-  }
-  async close(): Promise<void> {
-    for (const h of this.hooks.reverse()) {
-      try {
-        await h();
-      } catch {
-        // the next cleanup still runs
-      }
-    }
-    this.hooks = [];
-  }
-}
 
 /** A service the plane can stop and start again with the same settings, on the same address. */
 export interface Restartable {
@@ -144,7 +125,8 @@ export async function startFaultPlane(o: FaultPlaneOptions = {}): Promise<FaultP
   try {
     return await build(scope, o);
   } catch (err) {
-    await scope.close();
+    // every cleanup runs; the error that stopped the start is the one to report
+    await scope.close().catch(() => undefined);
     throw err;
   }
 }
@@ -456,6 +438,7 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
     proxyAddress: { host: ns.hostIp, port: proxyPorts[0] },
     workerDomain: WORKER_DOMAIN,
     inferenceIdleSeconds: o.inferenceIdleSeconds ?? 5,
-    close: () => scope.close(),
+    // every cleanup runs, whatever one of them throws
+    close: () => scope.close().catch(() => undefined),
   };
 }

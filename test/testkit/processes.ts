@@ -24,23 +24,32 @@ export const scripts = {
 } as const;
 
 /**
- * A cleanup scope whose hooks run last-registered-first (node:test runs t.after hooks in
- * registration order), inside one t.after of the test. Every hook runs; the first error is rethrown.
+ * Cleanups that run last-registered-first (node:test runs t.after hooks in registration order):
+ * every hook runs, and close() rejects with the first error. Stands in for a test's `t.after`
+ * where there is no test (the fault suite runs as its own program).
  */
-export function reverseScope(t: Ctx): Ctx {
-  const hooks: Hook[] = [];
-  t.after(async (tc) => {
+export class Scope implements Ctx {
+  private hooks: Hook[] = [];
+  after: Ctx["after"] = (fn) => void (fn && this.hooks.push(fn));
+  async close(t?: TestContext): Promise<void> {
     let failed: { err: unknown } | undefined;
-    for (const h of hooks.reverse()) {
+    for (const h of this.hooks.reverse()) {
       try {
-        await h(tc, () => undefined);
+        await h(t as TestContext, () => undefined);
       } catch (err) {
         failed ??= { err };
       }
     }
+    this.hooks = [];
     if (failed) throw failed.err;
-  });
-  return { after: (fn) => void (fn && hooks.push(fn)) };
+  }
+}
+
+/** A Scope closed inside one t.after of the test: its hooks run in reverse, the first error fails the test. */
+export function reverseScope(t: Ctx): Ctx {
+  const scope = new Scope();
+  t.after((tc) => scope.close(tc));
+  return scope;
 }
 
 export interface ProcessExit {

@@ -605,7 +605,29 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
           } satisfies PollRecord),
         );
       } catch (err) {
+        // Without its record no status poll can find the request: a 202 now would be followed by
+        // 404s. The client hears why instead; a new request is cancelled (nobody can wait for it),
+        // a poll's record is the one already written, so its client may poll again.
         logger.error({ requestId: p.requestId, err }, "could not record the in-progress request for polling");
+        req.resume();
+        sendProblem(
+          p.clientRes,
+          new CallplaneError(
+            "UNAVAILABLE",
+            p.poll
+              ? `request ${p.requestId} is still in progress, but its poll record could not be refreshed (NATS did not answer in time); poll again shortly`
+              : `request ${p.requestId} went in progress, but the record status polls find it by could not be written (NATS did not answer in time), so it was cancelled; invoke again shortly`,
+            { cause: err, extra: { requestId: p.requestId } },
+          ),
+          logger,
+          { "nvcf-reqid": p.requestId },
+        );
+        cancel(p, "poll record not written");
+        release(p);
+        throw new CallplaneError(
+          "CLIENT_GONE",
+          `the 202 for ${p.requestId} was not delivered: its poll record could not be written`,
+        );
       }
     } else if (p.poll) {
       // Purged before the client sees the final answer: a poll sent right after it must find no
