@@ -15,6 +15,9 @@ import { benchSecrets } from "./secrets.js";
 import { benchSse } from "./sse.js";
 import { benchStream } from "./stream.js";
 
+/** A command line no benchmark matches: said in one line, without a stack. */
+class UsageError extends Error {}
+
 function flag(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);
   return i === -1 ? def : Number(process.argv[i + 1]);
@@ -228,7 +231,7 @@ async function main(): Promise<void> {
     console.log(`  envelope only: seal ${ms(env.seal)}; open ${ms(env.open)}`);
     console.log(`  (${String(result.notes)})`);
   } else {
-    throw new Error(
+    throw new UsageError(
       `unknown benchmark ${which}; use all (the default), invoke, stream, sse, proxy, grpc, scale, pending or secrets`,
     );
   }
@@ -248,7 +251,8 @@ main()
     process.exit(0);
   })
   .catch((err: unknown) => {
-    console.error(err);
+    // a wrong command line is told in one line; anything else with its stack
+    console.error(err instanceof UsageError ? `error: ${err.message}` : err);
     cleanup();
     process.exit(1);
   });

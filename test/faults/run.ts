@@ -16,6 +16,9 @@ import { CASES, PROFILES, type CaseOutcome, type FaultCase, type ProfileName } f
 import { describe } from "./load.js";
 import { startFaultPlane } from "./plane.js";
 
+/** A command line the suite cannot run: said in one line, without a stack. */
+class UsageError extends Error {}
+
 /** A case that runs longer has hung somewhere (each of its steps has its own, shorter bound). */
 const CASE_TIMEOUT_MS = 600_000;
 
@@ -33,7 +36,7 @@ export async function runSuite(
   const log = opts.log ?? ((l: string) => console.log(l));
   const unknown = (opts.only ?? []).filter((n) => !CASES.some((c) => c.name === n));
   if (unknown.length)
-    throw new Error(
+    throw new UsageError(
       `no fault case named ${unknown.join(", ")}; the cases: ${CASES.map((c) => c.name).join(", ")}`,
     );
   const profile = PROFILES[profileName];
@@ -128,9 +131,9 @@ async function main(): Promise<void> {
     },
   });
   const profile = values.profile as ProfileName;
-  if (!(profile in PROFILES)) throw new Error(`--profile must be small or full, not ${values.profile}`);
+  if (!(profile in PROFILES)) throw new UsageError(`--profile must be small or full, not ${values.profile}`);
   const why = netnsSupport();
-  if (why) throw new Error(`the fault suite needs network namespaces (run as root): ${why}`);
+  if (why) throw new UsageError(`the fault suite needs network namespaces (run as root): ${why}`);
   const reports = await runSuite(profile, {
     only: values.only?.split(",").filter(Boolean),
     evidenceDir: values.evidence,
@@ -149,7 +152,10 @@ async function main(): Promise<void> {
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
   main().catch((err: unknown) => {
-    console.error((err as Error).stack ?? String(err));
+    // a wrong command line is told in one line; anything else with its stack
+    console.error(
+      err instanceof UsageError ? `error: ${err.message}` : ((err as Error).stack ?? String(err)),
+    );
     process.exit(2);
   });
 }
