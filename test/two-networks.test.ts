@@ -398,15 +398,25 @@ test(
       process.kill(inference.process.pid, "SIGSTOP");
       try {
         let last: ConsumerInfo | undefined;
+        // The same requests in flight for a second as well: an answer the inference server sent
+        // just before it froze is still on its way to its client (and its message unacked) for a
+        // while, and a request counted as held at the kill would then be answered (seen in CI).
+        let stable: { since: number; set: Set<{ replica: number }> } | undefined;
         await waitFor(
           "every request in flight to be held by a worker",
           async () => {
             last = await jsm.consumers.info(stream, consumerName);
-            return inFlight.size === CLIENT_CONCURRENCY &&
+            const held =
+              inFlight.size === CLIENT_CONCURRENCY &&
               last.num_pending === 0 &&
-              last.num_ack_pending === inFlight.size
-              ? true
-              : undefined;
+              last.num_ack_pending === inFlight.size;
+            const same =
+              stable && stable.set.size === inFlight.size && [...inFlight].every((x) => stable!.set.has(x));
+            if (!held || !same) {
+              stable = held ? { since: performance.now(), set: new Set(inFlight) } : undefined;
+              return undefined;
+            }
+            return performance.now() - stable!.since >= 1000 ? true : undefined;
           },
           { timeoutMs: 20_000, intervalMs: 50 },
         ).catch((err: Error) => {
