@@ -40,8 +40,7 @@ const counts = {
    */
   postTimeouts: 0,
   statuses: {} as Record<string, number>,
-  lastError: "",
-  /** The first few refusals as they came (phase, status line, body), to say what failed and where. */
+  /** The first few errors as they came (a refusal's phase, status line and body, or the socket's error). */
   errorSamples: [] as string[],
 };
 let target = 0;
@@ -79,7 +78,7 @@ function hold(): void {
     counts.ended++;
     if (isError) {
       counts.errors++;
-      counts.lastError = why;
+      if (counts.errorSamples.length < 5) counts.errorSamples.push(why);
     }
     sockets.delete(s);
     s.destroy();
@@ -117,7 +116,6 @@ function hold(): void {
       }
       if (status !== 202) {
         const why = `${phase === "post" ? "POST" : "status poll"}: ${text.split("\r\n")[0]} ${body}`;
-        if (counts.errorSamples.length < 5) counts.errorSamples.push(why);
         end(why, true);
         return;
       }

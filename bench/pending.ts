@@ -56,7 +56,6 @@ interface Counts {
   errors: number;
   postTimeouts: number;
   statuses: Record<string, number>;
-  lastError: string;
   errorSamples: string[];
 }
 
@@ -130,6 +129,7 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
     const mib = (x: Record<string, number>) =>
       Object.fromEntries(Object.entries(x).map(([k, v]) => [k, Math.round(v / 1024)]));
     const sum = (f: (c: Counts) => number) => clients.reduce((s, c) => s + (c.counts ? f(c.counts) : 0), 0);
+    const errorSamples = () => clients.flatMap((c) => c.counts?.errorSamples ?? []).slice(0, 5);
     const cpuPerSecond = async (seconds: number) => {
       const a = byRole(cpuMs);
       const w0 = Date.now();
@@ -187,10 +187,7 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
         if (sum((c) => c.polling) >= n) break;
         if (sum((c) => c.errors) > Math.max(100, n / 100))
           throw new Error(
-            `more than 1% of the pending requests failed (${sum((c) => c.errors)}); first ones: ${clients
-              .flatMap((c) => c.counts?.errorSamples ?? [])
-              .slice(0, 5)
-              .join(" | ")}`,
+            `more than 1% of the pending requests failed (${sum((c) => c.errors)}); first ones: ${errorSamples().join(" | ")}`,
           );
         if (memAvailableMiB() < o.memoryFloorMiB) {
           // hold what is held: no more requests are started
@@ -250,7 +247,7 @@ export async function benchPending(o: PendingBenchOptions): Promise<Record<strin
         ),
         memAvailableMiB: Math.round(memAvailableMiB()),
         errors: sum((c) => c.errors),
-        errorSamples: clients.flatMap((c) => c.counts?.errorSamples ?? []).slice(0, 5),
+        errorSamples: errorSamples(),
         postTimeouts: sum((c) => c.postTimeouts),
         repolls: sum((c) => c.repolls),
         loadavg: loadavg(),

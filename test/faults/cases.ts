@@ -27,8 +27,6 @@ export interface Profile {
   slowConnections: number;
   /** Whether the latency criterion (p99 within 2× of its baseline) is asserted; CI's machine is shared. */
   assertLatency: boolean;
-  /** Cases this profile leaves out, each with why (printed by the runner). */
-  leaveOut: Record<string, string>;
 }
 
 export const PROFILES: Record<ProfileName, Profile> = {
@@ -40,7 +38,6 @@ export const PROFILES: Record<ProfileName, Profile> = {
     rotations: 3,
     slowConnections: 50,
     assertLatency: false,
-    leaveOut: {},
   },
   full: {
     name: "full",
@@ -50,7 +47,6 @@ export const PROFILES: Record<ProfileName, Profile> = {
     rotations: 10,
     slowConnections: 400,
     assertLatency: true,
-    leaveOut: {},
   },
 };
 
