@@ -1,0 +1,281 @@
+// The worker's callbacks to the replica that holds a request (contract §3.6), each carrying one of
+// the request's single-use attach tokens: GET request-attach fetches the rest of the client's body,
+// POST request-attach streams the framed answer, which is relayed to the waiting client. A token
+// minted by another replica is relayed there (plane/relay.ts).
+import type { IncomingMessage, OutgoingHttpHeaders } from "node:http";
+import { CallplaneError } from "../../lib/errors.js";
+import { H1_CONTENT_TYPE, FramingError, type ParsedHead } from "../../lib/h1.js";
+import { endToEndPairs, foldPairs } from "../../lib/headers.js";
+import { bearerToken, sendProblem, type RequestContext } from "../../lib/http.js";
+import { PumpLimitError, pump, readFramedHead } from "../../lib/stream.js";
+import { RELAYED_HEADER } from "../../plane/relay.js";
+import { tokenHolder } from "../../plane/tokens.js";
+import { purgePollRecord, writePollRecord } from "./poll.js";
+import type { AttachKind, Pending, ReplicaState } from "./state.js";
+
+/** The replica sets these on the client's answer itself; the worker's copies are dropped. */
+const OWN_RESPONSE_HEADERS = new Set(["nvcf-reqid", "nvcf-status"]);
+
+function nvcfStatus(status: number): string {
+  if (status === 202) return "in-progress";
+  if (status >= 200 && status < 400) return "fulfilled";
+  return "errored";
+}
+
+/** GET /v2/nvcf/worker/request-attach: the worker fetches the body beyond the inline part. */
+export async function attachRequest(replica: ReplicaState, ctx: RequestContext): Promise<void> {
+  const { res } = ctx;
+  const { attaches } = replica.metrics;
+  const p = await claim(replica, ctx, "request");
+  if (!p) return;
+  if (p.state === "done" || p.clientRes.destroyed) {
+    attaches.inc({ kind: "request", result: "client_gone" });
+    throw new CallplaneError("CLIENT_GONE", `the client of request ${p.requestId} went away`);
+  }
+  attaches.inc({ kind: "request", result: "ok" });
+  res.writeHead(200, { "content-type": "application/octet-stream", "nvcf-reqid": p.requestId });
+  if (p.leftover) res.write(p.leftover);
+  p.leftover = undefined;
+  p.bodyStreaming = true;
+  try {
+    await pump(p.clientReq, res);
+    p.bodyStreaming = false;
+    res.end();
+  } catch (err) {
+    ctx.log.debug({ requestId: p.requestId, err }, "request body stream to the worker broke");
+    res.destroy();
+  }
+}
+
+/**
+ * The pending request an attach token belongs to. A token this replica did not mint, naming
+ * another live replica, is relayed there (and undefined returned); anything else is refused.
+ */
+async function claim(
+  replica: ReplicaState,
+  ctx: RequestContext,
+  kind: AttachKind,
+): Promise<Pending | undefined> {
+  const { req, res } = ctx;
+  const { attaches } = replica.metrics;
+  const { tokens, relay } = replica;
+  let token: string;
+  try {
+    token = bearerToken(req);
+  } catch {
+    attaches.inc({ kind, result: "bad_token" });
+    throw new CallplaneError(
+      "ATTACH_TOKEN_INVALID",
+      "The provided authorization token is invalid or has expired",
+    );
+  }
+  const entry = tokens.peek(token);
+  if (entry && entry.kind === kind) {
+    tokens.delete(token);
+    return entry.pending;
+  }
+  const holder = tokenHolder(token);
+  if (
+    !entry &&
+    relay &&
+    holder !== undefined &&
+    !tokens.isOwn(token) &&
+    req.headers[RELAYED_HEADER] === undefined
+  ) {
+    attaches.inc({ kind, result: "relayed" });
+    await relay.forward(req, res, holder);
+    return undefined;
+  }
+  attaches.inc({ kind, result: "bad_token" });
+  throw new CallplaneError(
+    "ATTACH_TOKEN_INVALID",
+    "The provided authorization token is invalid or has expired",
+  );
+}
+
+/** POST /v2/nvcf/worker/request-attach: the worker streams the framed answer to the waiting client. */
+export async function attachResponse(replica: ReplicaState, ctx: RequestContext): Promise<void> {
+  const { req, res } = ctx;
+  const { attaches } = replica.metrics;
+  const p = await claim(replica, ctx, "response");
+  if (!p) return;
+  if (p.state === "done" || p.clientRes.destroyed) {
+    attaches.inc({ kind: "response", result: "client_gone" });
+    throw new CallplaneError(
+      "CLIENT_GONE",
+      `the client of request ${p.requestId} went away; stop working on it`,
+    );
+  }
+  const type = req.headers["content-type"];
+  if (type !== H1_CONTENT_TYPE) {
+    attaches.inc({ kind: "response", result: "bad_framing" });
+    failClient(replica, p, `the worker sent content type ${type ?? "(none)"}`);
+    throw new CallplaneError(
+      "ATTACH_FRAMING_INVALID",
+      `send the response as ${H1_CONTENT_TYPE} (an HTTP/1.1 message), not ${type ?? "no content type"}`,
+    );
+  }
+  p.state = "responding";
+  replica.pendings.stopWindow(p);
+  let framed;
+  try {
+    framed = await readFramedHead(req);
+  } catch (err) {
+    attaches.inc({ kind: "response", result: "bad_framing" });
+    const detail =
+      err instanceof FramingError ? err.message : `the framed response broke off: ${(err as Error).message}`;
+    failClient(replica, p, detail);
+    throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
+  }
+  const { head, rest } = framed;
+  if (head.contentLength !== undefined && rest.length > head.contentLength) {
+    // Bytes past the declared length would reach the client's keep-alive connection as the start
+    // of a next response. The head is not out yet, so the client can still get a clean 502.
+    attaches.inc({ kind: "response", result: "bad_framing" });
+    const detail = `the framed body is longer than its Content-Length (${head.contentLength} bytes)`;
+    failClient(replica, p, detail);
+    throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
+  }
+  const client = p.clientRes;
+  const headers: OutgoingHttpHeaders = foldPairs(endToEndPairs(head.headers, { drop: OWN_RESPONSE_HEADERS }));
+  headers["nvcf-reqid"] = p.requestId;
+  headers["nvcf-status"] = nvcfStatus(head.status);
+  headers["access-control-expose-headers"] = "nvcf-reqid";
+  await keepPollRecord(replica, p, req, head.status);
+  replica.metrics.firstByte.observe((Date.now() - p.started) / 1000);
+  replica.metrics.invocations.inc({ outcome: "answered" });
+  attaches.inc({ kind: "response", result: "ok" });
+  client.writeHead(head.status, headers);
+  const bodyless = head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";
+  let delivered: Delivery = { ok: true, framingError: undefined };
+  if (bodyless) req.resume();
+  else delivered = await relayBody(ctx, p, head, rest);
+  const { ok, framingError } = delivered;
+  if (!ok || client.destroyed) {
+    client.destroy();
+    replica.release(p);
+    if (!res.headersSent) {
+      // The worker is told why: its framing was wrong (400), or the client went away (410).
+      const err = framingError
+        ? new CallplaneError("ATTACH_FRAMING_INVALID", framingError)
+        : new CallplaneError("CLIENT_GONE", `the response to ${p.requestId} could not be delivered in full`);
+      if (framingError) attaches.inc({ kind: "response", result: "bad_framing" });
+      sendProblem(res, err, ctx.log, { connection: "close" });
+    }
+    return;
+  }
+  client.end();
+  await new Promise<void>((resolve) => {
+    if (client.writableFinished) resolve();
+    else client.once("close", () => resolve());
+  });
+  replica.release(p);
+  res.writeHead(200, { "content-type": "application/json", "content-length": 2 });
+  res.end("{}");
+}
+
+/**
+ * A 202 (in progress) is recorded for the client's status polls before it goes out; a final
+ * answer to a poll removes the record first.
+ */
+async function keepPollRecord(
+  replica: ReplicaState,
+  p: Pending,
+  req: IncomingMessage,
+  status: number,
+): Promise<void> {
+  if (status === 202) {
+    try {
+      await writePollRecord(replica, p);
+    } catch (err) {
+      // Without its record no status poll can find the request: a 202 now would be followed by
+      // 404s. The client hears why instead; a new request is cancelled (nobody can wait for it),
+      // a poll's record is the one already written, so its client may poll again.
+      replica.logger.error(
+        { requestId: p.requestId, err },
+        "could not record the in-progress request for polling",
+      );
+      req.resume();
+      sendProblem(
+        p.clientRes,
+        new CallplaneError(
+          "UNAVAILABLE",
+          p.poll
+            ? `request ${p.requestId} is still in progress, but its poll record could not be refreshed (NATS did not answer in time); poll again shortly`
+            : `request ${p.requestId} went in progress, but the record status polls find it by could not be written (NATS did not answer in time), so it was cancelled; invoke again shortly`,
+          { cause: err, extra: { requestId: p.requestId } },
+        ),
+        replica.logger,
+        { "nvcf-reqid": p.requestId },
+      );
+      replica.cancel(p, "poll record not written");
+      replica.release(p);
+      throw new CallplaneError(
+        "CLIENT_GONE",
+        `the 202 for ${p.requestId} was not delivered: its poll record could not be written`,
+      );
+    }
+  } else if (p.poll) {
+    // Purged before the client sees the final answer: a poll sent right after it must find no
+    // record (404), not reach a worker that has finished with the request (and would acknowledge
+    // the poll but never answer it, leaving the client to wait for the window).
+    await purgePollRecord(replica, p);
+  }
+}
+
+/** How the body got to the client: not ok when it broke; framingError says how it broke its framing. */
+interface Delivery {
+  ok: boolean;
+  framingError: string | undefined;
+}
+
+/**
+ * Streams the worker's framed body to the client, whose response head is out; the bytes read with
+ * the head go first.
+ */
+async function relayBody(ctx: RequestContext, p: Pending, head: ParsedHead, rest: Buffer): Promise<Delivery> {
+  const client = p.clientRes;
+  if (rest.length) client.write(rest);
+  const limit = head.contentLength === undefined ? undefined : head.contentLength - rest.length;
+  try {
+    const { bytes } = await pump(ctx.req, client, limit === undefined ? {} : { limit });
+    // The worker's body ended short of its Content-Length. The client's head (with that
+    // length) is out: ending the response normally would leave the client waiting on a
+    // keep-alive connection for bytes that never come. Cut it instead.
+    if (limit !== undefined && bytes < limit) {
+      return {
+        ok: false,
+        framingError: `the framed body ended after ${rest.length + bytes} of its ${head.contentLength} bytes (Content-Length)`,
+      };
+    }
+    return { ok: true, framingError: undefined };
+  } catch (err) {
+    ctx.log.debug(
+      { requestId: p.requestId, err: (err as Error).message },
+      err instanceof PumpLimitError ? "the worker sent more than Content-Length" : "response stream broke",
+    );
+    return {
+      ok: false,
+      framingError:
+        err instanceof PumpLimitError
+          ? `the framed body is longer than its Content-Length (${head.contentLength} bytes)`
+          : undefined,
+    };
+  }
+}
+
+/** The worker produced no valid answer: the client gets a 502 rather than waiting for the window. */
+function failClient(replica: ReplicaState, p: Pending, why: string): void {
+  if (p.state === "done") return;
+  sendProblem(
+    p.clientRes,
+    new CallplaneError(
+      "WORKER_RESPONSE_INVALID",
+      `the worker's answer to request ${p.requestId} was malformed (${why})`,
+      { extra: { requestId: p.requestId } },
+    ),
+    replica.logger,
+    { "nvcf-reqid": p.requestId },
+  );
+  replica.release(p);
+}

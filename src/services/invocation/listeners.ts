@@ -1,0 +1,116 @@
+// Where requests come in: the clients' listener (invocations, status polls, and the workers'
+// callbacks when they come straight to the pod), the workers' TLS listener when callbacks come
+// through the callback proxy (its certificate reloaded when the files change), and the pod address
+// that tells workers where to call back.
+import type { Server as HttpsServer } from "node:https";
+import { isIPv4 } from "node:net";
+import { Router, createHttpService, type HttpService } from "../../lib/http.js";
+import { createRegistry } from "../../lib/metrics.js";
+import { dashIp, type HostPort } from "../../lib/net.js";
+import { TlsReloader } from "../../lib/tls-reload.js";
+import { attachRequest, attachResponse } from "./attach.js";
+import { invoke } from "./invoke.js";
+import type { InvocationServiceOptions } from "./options.js";
+import { pollStatus } from "./poll.js";
+import type { ReplicaState } from "./state.js";
+
+/** The clients' routes, and the workers' attach routes (taken while draining). */
+export function clientRouter(replica: ReplicaState): Router {
+  return new Router()
+    .add("POST", "/v2/nvcf/pexec/functions/:fid", (ctx) => invoke(replica, ctx, ctx.params.fid, undefined))
+    .add("POST", "/v2/nvcf/pexec/functions/:fid/versions/:vid", (ctx) =>
+      invoke(replica, ctx, ctx.params.fid, ctx.params.vid),
+    )
+    .add("GET", "/v2/nvcf/pexec/status/:requestId", (ctx) => pollStatus(replica, ctx))
+    .add("GET", "/v2/nvcf/worker/request-attach", (ctx) => attachRequest(replica, ctx), { duringDrain: true })
+    .add("POST", "/v2/nvcf/worker/request-attach", (ctx) => attachResponse(replica, ctx), {
+      duringDrain: true,
+    });
+}
+
+// With the callback proxy, workers' callbacks arrive on a TLS listener of their own, which serves
+// nothing but the attach routes (and /health).
+export function workerRouter(replica: ReplicaState): Router {
+  return new Router()
+    .add("GET", "/v2/nvcf/worker/request-attach", (ctx) => attachRequest(replica, ctx), { duringDrain: true })
+    .add("POST", "/v2/nvcf/worker/request-attach", (ctx) => attachResponse(replica, ctx), {
+      duringDrain: true,
+    });
+}
+
+export function createClientListener(replica: ReplicaState, listen: HostPort): HttpService {
+  return createHttpService({
+    name: "invocation",
+    listen,
+    logger: replica.logger,
+    registry: replica.registry,
+    router: clientRouter(replica),
+    ready: () => replica.ready(),
+  });
+}
+
+/** The workers' TLS listener, with the pod certificate. */
+export class WorkerTlsListener {
+  private readonly reloader: TlsReloader;
+  private readonly http: HttpService;
+
+  constructor(replica: ReplicaState, host: string, tls: { port: number; certFile: string; keyFile: string }) {
+    this.reloader = new TlsReloader(
+      "invocation-worker-listener",
+      { certFile: tls.certFile, keyFile: tls.keyFile },
+      (m) =>
+        // (optional: the listener may not exist yet when the reloader calls)
+        (this.http?.server as HttpsServer | undefined)?.setSecureContext({
+          cert: m.cert,
+          key: m.key,
+          minVersion: "TLSv1.2",
+        }),
+      replica.logger,
+      replica.registry,
+    );
+    this.http = createHttpService({
+      name: "invocation-worker-tls",
+      listen: { host, port: tls.port },
+      logger: replica.logger,
+      registry: createRegistry("invocation-worker-tls", { defaultMetrics: false }),
+      metrics: false,
+      router: workerRouter(replica),
+      tls: {
+        cert: this.reloader.material.cert,
+        key: this.reloader.material.key,
+        minVersion: "TLSv1.2",
+        ALPNProtocols: ["http/1.1"],
+      },
+      ready: () => replica.ready(),
+    });
+  }
+
+  listen(): Promise<URL> {
+    return this.http.listen();
+  }
+
+  /** Closes the listener and stops watching the certificate files. */
+  async close(graceMs: number): Promise<void> {
+    await this.http.close(graceMs);
+    this.reloader.close();
+  }
+
+  destroy(): void {
+    this.http.destroy();
+    this.reloader.close();
+  }
+}
+
+/** The callback target handed to workers: the pod address (or the configured self address). */
+export function podAddress(opts: InvocationServiceOptions, url: URL, tlsUrl: URL | undefined): string {
+  if (opts.selfAddress) return opts.selfAddress.replace(/\/+$/, "");
+  if (!isIPv4(opts.listen.host) || opts.listen.host === "0.0.0.0") {
+    throw new Error(
+      `cannot build the pod address from listen host ${opts.listen.host}: listen on the pod's IPv4 address (POD_IP) or set invocation.selfAddress`,
+    );
+  }
+  const port = opts.callbackPort ?? (tlsUrl ? tlsUrl.port : url.port);
+  // the scheme stays http even with TLS to the pod: the worker never dials the pod itself, it
+  // sends a forward-proxy request to the callback proxy, which opens TLS to the pod
+  return `http://${dashIp(opts.listen.host)}.invocation.${opts.serviceDomain}:${port}`;
+}

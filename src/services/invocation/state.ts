@@ -1,0 +1,190 @@
+// What one invocation replica's handlers share, passed to each of them explicitly: the requests it
+// holds (each a Pending), the attach tokens that lead a worker's callback back to one, the NATS
+// handles (set by listen()), the API key cache and the metrics.
+//
+// Everything a request needs lives in this process's memory: the client's request and response,
+// the two single-use attach tokens, the window timer. The request id names this replica (ids.ts),
+// so later a callback that lands elsewhere can be relayed here.
+import { Kvm, type KV } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { newHolderId } from "../../lib/ids.js";
+import { silentLogger, type Logger } from "../../lib/log.js";
+import {
+  Counter,
+  Gauge,
+  Histogram,
+  LATENCY_BUCKETS,
+  createRegistry,
+  type Registry,
+} from "../../lib/metrics.js";
+import { pollBucket } from "../../lib/nats-auth.js";
+import { createAuthCache, type AuthCache, type GrantVersion } from "../../plane/auth-cache.js";
+import { PendingTable } from "../../plane/pending.js";
+import type { ReplicaRegistry } from "../../plane/registry.js";
+import type { Relay } from "../../plane/relay.js";
+import { TokenTable } from "../../plane/tokens.js";
+import type { WorkPublisher } from "../../plane/work-queue.js";
+import type { InvocationServiceOptions, PollSettings } from "./options.js";
+
+export type PendingState = "queued" | "responding" | "done";
+
+export type AttachKind = "request" | "response";
+
+export interface Pending {
+  requestId: string;
+  functionId: string;
+  version: GrantVersion;
+  clientReq: IncomingMessage;
+  clientRes: ServerResponse;
+  /** Body bytes already read past the inline part, served first on GET request-attach. */
+  leftover: Buffer | undefined;
+  requestToken: string | undefined;
+  /** A worker is reading the rest of the client's body (GET request-attach), which has not ended. */
+  bodyStreaming?: boolean;
+  responseToken: string;
+  state: PendingState;
+  /** True for a status poll (GET /v2/nvcf/pexec/status/{id}): its message is not in the queue. */
+  poll: boolean;
+  /** The work message's stream sequence once its publish was confirmed (a cancel removes it by it). */
+  seq?: number;
+  started: number;
+}
+
+/** What the poll bucket keeps of a request that went in progress (202), keyed by its id. */
+export interface PollRecord {
+  functionId: string;
+  functionVersionId: string;
+  defaultInvocationPath: string;
+  functionType: string;
+}
+
+export class InvocationMetrics {
+  readonly invocations: Counter;
+  readonly firstByte: Histogram;
+  readonly inFlight: Gauge;
+  readonly attaches: Counter;
+
+  constructor(registry: Registry) {
+    this.invocations = new Counter({
+      name: "callplane_invocations_total",
+      help: "Client invocations by outcome (answered: a worker answered; timeout: no worker within the window; client_gone; rejected: refused before queueing)",
+      labelNames: ["outcome"],
+      registers: [registry],
+    });
+    this.firstByte = new Histogram({
+      name: "callplane_invocation_first_byte_seconds",
+      help: "From the client's request to the worker's response head",
+      buckets: LATENCY_BUCKETS,
+      registers: [registry],
+    });
+    this.inFlight = new Gauge({
+      name: "callplane_invocations_in_flight",
+      help: "Requests this replica holds",
+      registers: [registry],
+    });
+    this.attaches = new Counter({
+      name: "callplane_attach_requests_total",
+      help: "Worker request-attach calls by kind and result",
+      labelNames: ["kind", "result"],
+      registers: [registry],
+    });
+  }
+}
+
+export class ReplicaState {
+  readonly logger: Logger;
+  readonly registry: Registry;
+  readonly holderId: number;
+  readonly region: string;
+  readonly inlineLimit: number;
+  readonly poll: PollSettings;
+  readonly statusTimeoutMs: number;
+  /** Handed to workers as proxyURI. */
+  readonly proxyUri: string | undefined;
+  /** Copies of the poll bucket (as many as the work queues'). */
+  private readonly queueReplicas: number | undefined;
+  readonly auth: AuthCache;
+  readonly metrics: InvocationMetrics;
+  // An attach token names the replica that holds it (the one that minted it: for a status poll,
+  // the polling replica, not the request's first holder), so a callback that lands elsewhere can be
+  // relayed to it.
+  readonly tokens: TokenTable<{ kind: AttachKind; pending: Pending }>;
+  readonly pendings: PendingTable<Pending>;
+
+  // Set by the service's listen():
+  nc: NatsConnection | undefined;
+  publisher: WorkPublisher | undefined;
+  /** The callback target handed to workers (the pod address). */
+  targetUri = "";
+  replicas: ReplicaRegistry | undefined;
+  relay: Relay | undefined;
+  private pollKv: Promise<KV> | undefined;
+
+  constructor(opts: InvocationServiceOptions) {
+    this.logger = opts.logger ?? silentLogger();
+    this.registry = opts.registry ?? createRegistry("invocation");
+    this.holderId = opts.holderId ?? newHolderId();
+    this.region = opts.region;
+    this.inlineLimit = opts.inlineBodyBytes ?? 32 * 1024;
+    this.poll = opts.poll ?? {
+      defaultSeconds: 60,
+      streamingDefaultSeconds: 1200,
+      maxSeconds: 3600,
+      graceSeconds: 2,
+    };
+    this.statusTimeoutMs = opts.statusRequestTimeoutMs ?? 5000;
+    this.proxyUri = opts.proxyUri;
+    this.queueReplicas = opts.queue.replicas;
+    this.auth = createAuthCache(opts, this.logger, this.registry);
+    this.metrics = new InvocationMetrics(this.registry);
+    this.tokens = new TokenTable(this.holderId);
+    this.pendings = new PendingTable<Pending>(this.metrics.inFlight);
+  }
+
+  /** Ready for traffic: connected to NATS. */
+  ready(): boolean {
+    return this.nc !== undefined && !this.nc.isClosed();
+  }
+
+  attachToken(pending: Pending, kind: AttachKind): string {
+    return this.tokens.mint({ kind, pending });
+  }
+
+  pollKvBucket(): Promise<KV> {
+    this.pollKv ??= new Kvm(this.nc!).create(pollBucket(this.region), {
+      history: 1,
+      ttl: 3600_000,
+      storage: "memory" as never,
+      // as many copies as the work queues: on a cluster, polls survive the loss of a node
+      replicas: this.queueReplicas,
+    });
+    return this.pollKv;
+  }
+
+  /** Lets go of a request (once, however many paths end it): its window and its tokens go. */
+  release(p: Pending): void {
+    if (p.state === "done") return;
+    p.state = "done";
+    this.pendings.release(p);
+    this.tokens.delete(p.responseToken);
+    this.tokens.delete(p.requestToken);
+  }
+
+  /** Tells the worker to stop and removes the message if no worker took it yet. */
+  cancel(p: Pending, why: string): void {
+    // A status poll that ends (client left, window over) does not end the request: the client may
+    // poll again, and the worker gives up on its own when polls stop coming.
+    if (p.poll) return;
+    this.publisher?.cancel(p.version.functionVersionId, p.requestId, why, p.seq);
+  }
+
+  /** The replica stops: every request it still holds is cancelled and its client cut off. */
+  releaseAll(why: string): void {
+    for (const p of this.pendings.values()) {
+      this.cancel(p, why);
+      p.clientRes.destroy();
+      this.release(p);
+    }
+  }
+}
