@@ -7,7 +7,8 @@ import { Router, createHttpService } from "../../lib/http.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
 import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
-import { LocalInstance, type DesiredDeployment, type InstanceEnvironment } from "./local.js";
+import type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
+import { LocalInstance } from "./local.js";
 import { prepareSecretsRoot, type FetchedSecrets } from "./secrets.js";
 import { identityProvider, type IdentityProvider, type TokenSource } from "./identity.js";
 

@@ -2,134 +2,22 @@
 // and a worker agent beside it, on the instance's own loopback address (like a pod's IP), so that
 // instances never collide on ports. Both are supervised (restarted with backoff when they die) and
 // never detached: stopping the agent stops them.
+//
+// This module is one instance's lifecycle: its status, its secrets file, its worker identity, and
+// starting and stopping it. What runs is deployment.ts; the two processes are
+// instance-processes.ts.
 import { randomUUID } from "node:crypto";
-import { connect } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { fileURLToPath } from "node:url";
-import { request } from "undici";
 import type { Logger } from "../../lib/log.js";
-import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
 import type { InstanceStatus } from "../../lib/instance-status.js";
-import { InstanceSecrets, type InstanceSecretsConfig } from "./secrets.js";
-import { InstanceIdentity, type IdentityProvider } from "./identity.js";
+import { InstanceSecrets } from "./secrets.js";
+import { InstanceIdentity } from "./identity.js";
+import { inferenceCommand, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
+import { InstanceProcesses } from "./instance-processes.js";
 
-const distRoot = join(fileURLToPath(import.meta.url), "..", "..", "..", "..");
-export const EXAMPLE_IMAGES = [
-  "local/echo",
-  "local/sse",
-  "local/slow",
-  "local/large",
-  "local/example",
-] as const;
-/** The example gRPC server (examples/grpc-server.ts): callplane.examples.Echo and grpc.health.v1. */
-export const GRPC_EXAMPLE_IMAGE = "local/grpc-echo";
-
-export interface DesiredDeployment {
-  deploymentId: string;
-  functionId: string;
-  versionId: string;
-  name: string;
-  ncaId: string;
-  specs: Array<{
-    gpu: string;
-    instanceType: string;
-    backend?: string;
-    minInstances: number;
-    maxInstances: number;
-    maxRequestConcurrency: number;
-  }>;
-  spec: {
-    inferenceUrl: string;
-    inferencePort: number;
-    containerImage: string;
-    containerArgs?: string;
-    containerEnvironment: Array<{ key: string; value: string }>;
-    health: { protocol: string; uri: string; port: number; timeout: string; expectedStatusCode: number };
-  };
-  /** Changes whenever a secret of the version is written or deleted; 0: it has none. */
-  secretsRevision?: number;
-}
-
-export interface InstanceEnvironment {
-  natsUrl: string;
-  region: string;
-  serviceDomain: string;
-  dataDir: string;
-  keepAliveSeconds: number;
-  /** worker.inferenceIdleSeconds, handed to workers. */
-  inferenceIdleSeconds: number;
-  ackWaitSeconds: number;
-  streamMaxMessages: number;
-  streamMaxMessageBytes: number;
-  streamReplicas: number;
-  stopGraceMs: number;
-  restart: { initialMs: number; maxMs: number };
-  logLevel: string;
-  /** Extra environment for workers (callback proxy CA, static name map). */
-  workerExtraEnv: Record<string, string>;
-  /** Where and how instances get their function's secrets; without it, they get none. */
-  secrets?: InstanceSecretsConfig;
-  /** PEM of the CA of the NATS server's certificate, handed to workers. */
-  natsCaPem: string;
-  /** Where instance identities come from (provisioned before any worker starts). */
-  identity: IdentityProvider;
-  /** What the API said workers get to reach NATS (NKEY_SEED or NVCF_NATS_ACCOUNT), at the last sync. */
-  workerNatsEnv: () => Record<string, string>;
-}
-
-/** The command that runs a function's inference server on the local backend, or why there is none. */
-export function inferenceCommand(
-  d: DesiredDeployment,
-  host: string,
-  secretsEnv: Record<string, string> = {},
-): { command: string; args: string[]; env: Record<string, string> } | { error: string } {
-  const image = d.spec.containerImage;
-  const env: Record<string, string> = { INFERENCE_HOST: host, INFERENCE_PORT: String(d.spec.inferencePort) };
-  for (const { key, value } of d.spec.containerEnvironment) env[key] = value;
-  // secrets (and where their file is) after the function's own environment: they win
-  Object.assign(env, secretsEnv);
-  if ((EXAMPLE_IMAGES as readonly string[]).includes(image)) {
-    return {
-      command: process.execPath,
-      args: [
-        join(distRoot, "examples", "inference-server.js"),
-        "--listen",
-        `${host}:${d.spec.inferencePort}`,
-      ],
-      env,
-    };
-  }
-  if (image === GRPC_EXAMPLE_IMAGE) {
-    return {
-      command: process.execPath,
-      args: [join(distRoot, "examples", "grpc-server.js"), "--listen", `${host}:${d.spec.inferencePort}`],
-      env,
-    };
-  }
-  if (image === "local/command") {
-    if (!d.spec.containerArgs?.trim())
-      return { error: "containerImage local/command needs the command to run in containerArgs" };
-    // exec, so that signals reach the server itself and not a shell around it
-    return { command: "/bin/sh", args: ["-c", `exec ${d.spec.containerArgs}`], env };
-  }
-  return {
-    error: `containerImage "${image}" cannot run on the local compute backend; use ${EXAMPLE_IMAGES.join(", ")}, ${GRPC_EXAMPLE_IMAGE}, or local/command with the command in containerArgs`,
-  };
-}
-
-function canConnect(host: string, port: number, signal: AbortSignal): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = connect({ host, port, signal, timeout: 5000 });
-    const done = (ok: boolean) => {
-      socket.destroy();
-      resolve(ok);
-    };
-    socket.once("connect", () => done(true));
-    socket.once("error", () => done(false));
-    socket.once("timeout", () => done(false));
-  });
-}
+// the types a caller of LocalInstance names, where it has always found them
+export type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
 
 export class LocalInstance {
   private id = randomUUID();
@@ -141,15 +29,13 @@ export class LocalInstance {
   message: string | undefined;
   readonly createdAt = new Date().toISOString();
   updatedAt = this.createdAt;
-  private inference: SupervisedChild | undefined;
-  private worker: SupervisedChild | undefined;
-  private recovery: AbortController | undefined;
   private stopped = false;
   private secrets: InstanceSecrets | undefined;
   private refreshing: Promise<void> | undefined;
   private wantedRevision = 0;
   private identity: InstanceIdentity | undefined;
   private starting: AbortController | undefined;
+  private readonly processes: InstanceProcesses;
 
   constructor(
     readonly deployment: DesiredDeployment,
@@ -158,7 +44,12 @@ export class LocalInstance {
     private readonly env: InstanceEnvironment,
     private readonly logger: Logger,
     private readonly onChange: () => void,
-  ) {}
+  ) {
+    this.processes = new InstanceProcesses(deployment, slot, host, env, {
+      status: () => this.status,
+      set: (status, message) => this.set(status, message),
+    });
+  }
 
   private set(status: InstanceStatus, message?: string): void {
     if (this.status === "TERMINATED") return;
@@ -312,7 +203,7 @@ export class LocalInstance {
           return;
         }
         this.identity = identity;
-        this.spawn(cmd, base, identity.tokenFile);
+        this.processes.spawn(cmd, base, identity.tokenFile, this.instanceId);
         return;
       } catch (err) {
         this.identity = undefined;
@@ -329,142 +220,12 @@ export class LocalInstance {
     }
   }
 
-  private spawn(
-    cmd: { command: string; args: string[]; env: Record<string, string> },
-    base: string,
-    tokenFile: string,
-  ): void {
-    const d = this.deployment;
-    const logs = join(this.env.dataDir, "logs", "instances");
-    const restart = { enabled: true, ...this.env.restart };
-    this.inference = new SupervisedChild({
-      name: `${d.name}-${this.slot}-inference`,
-      command: cmd.command,
-      args: cmd.args,
-      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/", ...cmd.env },
-      cwd: process.cwd(),
-      logFile: join(logs, `${d.name}-${this.slot}-inference.log`),
-      ipc: false,
-      restart,
-    } satisfies ChildSpec);
-    const spec = d.specs[0];
-    this.worker = new SupervisedChild({
-      name: `${d.name}-${this.slot}-worker`,
-      command: process.execPath,
-      args: [join(distRoot, "src", "services", "worker", "main.js")],
-      env: {
-        PATH: process.env.PATH ?? "/usr/bin:/bin",
-        NVCF_FQDN_NATS: this.env.natsUrl,
-        FUNCTION_ID: d.functionId,
-        FUNCTION_VERSION_ID: d.versionId,
-        FUNCTION_NAME: d.name,
-        NCA_ID: d.ncaId,
-        INSTANCE_ID: this.instanceId,
-        INSTANCE_TYPE: spec.instanceType,
-        GPU_NAME: spec.gpu,
-        INFERENCE_HOST: this.host,
-        INFERENCE_PORT: String(d.spec.inferencePort),
-        INFERENCE_URL: d.spec.inferenceUrl,
-        INFERENCE_HEALTH_ENDPOINT: d.spec.health.uri,
-        INFERENCE_HEALTH_PORT: String(d.spec.health.port),
-        INFERENCE_HEALTH_PROTOCOL: d.spec.health.protocol,
-        INFERENCE_HEALTH_TIMEOUT: d.spec.health.timeout,
-        INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE: String(d.spec.health.expectedStatusCode),
-        MAX_REQUEST_CONCURRENCY: String(spec.maxRequestConcurrency),
-        NVCF_TOKEN_FILE_PATH: tokenFile,
-        NVCF_IDENTITY_SOURCE: this.env.identity.source,
-        NVCF_NATS_CA_PEM: this.env.natsCaPem,
-        ...this.env.workerNatsEnv(),
-        HEALTH_HOST: this.host,
-        HEALTH_PORT: "8080",
-        BASE_RESPONSE_DIR: join(base, "responses"),
-        NVCF_REGION: this.env.region,
-        NVCF_SERVICE_DOMAIN: this.env.serviceDomain,
-        CALLPLANE_KEEPALIVE_SECONDS: String(this.env.keepAliveSeconds),
-        CALLPLANE_INFERENCE_IDLE_SECONDS: String(this.env.inferenceIdleSeconds),
-        CALLPLANE_ACK_WAIT_SECONDS: String(this.env.ackWaitSeconds),
-        CALLPLANE_STREAM_MAX_MESSAGES: String(this.env.streamMaxMessages),
-        CALLPLANE_STREAM_MAX_MESSAGE_BYTES: String(this.env.streamMaxMessageBytes),
-        CALLPLANE_STREAM_REPLICAS: String(this.env.streamReplicas),
-        CALLPLANE_LOG_LEVEL: this.env.logLevel,
-        ...this.env.workerExtraEnv,
-      },
-      cwd: process.cwd(),
-      logFile: join(logs, `${d.name}-${this.slot}-worker.log`),
-      ipc: true,
-      // the worker reports ready only once the inference server is healthy, which may take long
-      readyTimeoutMs: 35 * 60_000,
-      restart,
-    });
-    this.inference.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
-      if (!info.expected) {
-        this.set(
-          "ERRORED",
-          `the inference server exited (${info.signal ?? `code ${info.code}`}); restarting it. See ${this.inference!.spec.logFile}`,
-        );
-        // Fix: the worker stays up and reports `ready` only once, so nothing used to bring the
-        // instance back to ACTIVE after the restarted server came up: it stayed ERRORED for good.
-        this.watchRecovery();
-      }
-    });
-    this.worker.on("exit", (info: { code: number | null; signal: string | null; expected: boolean }) => {
-      if (!info.expected)
-        this.set(
-          "ERRORED",
-          `the worker agent exited (${info.signal ?? `code ${info.code}`}); restarting it. See ${this.worker!.spec.logFile}`,
-        );
-    });
-    this.worker.on("message", (m: { type: string; message?: string }) => {
-      if (m.type === "failed") this.set("ERRORED", m.message);
-    });
-    this.worker.on("ready", () => this.set("ACTIVE"));
-    this.inference.on("ready", () => undefined);
-    this.inference.start().catch((err: unknown) => this.set("ERRORED", (err as Error).message));
-    this.worker.start().catch(() => undefined);
-  }
-
-  /**
-   * After the inference server died: waits until its replacement answers its health check (and
-   * the worker is up), then reports the instance ACTIVE again.
-   */
-  private watchRecovery(): void {
-    if (this.recovery) return;
-    const ac = new AbortController();
-    this.recovery = ac;
-    const h = this.deployment.spec.health;
-    const healthy = async (): Promise<boolean> => {
-      if (this.inference?.state !== "running" || this.worker?.state !== "running") return false;
-      if (h.protocol.toLowerCase() !== "http") return await canConnect(this.host, h.port, ac.signal);
-      try {
-        const res = await request(`http://${this.host}:${h.port}${h.uri}`, {
-          signal: ac.signal,
-          headersTimeout: 5000,
-          bodyTimeout: 5000,
-        });
-        await res.body.dump();
-        return res.statusCode === h.expectedStatusCode;
-      } catch {
-        return false;
-      }
-    };
-    void (async () => {
-      while (!ac.signal.aborted) {
-        await sleep(250, undefined, { signal: ac.signal }).catch(() => undefined);
-        if (ac.signal.aborted || !(await healthy()) || ac.signal.aborted) continue;
-        this.recovery = undefined;
-        if (this.status === "ERRORED") this.set("ACTIVE");
-        return;
-      }
-    })();
-  }
-
   /** Drains the worker (it finishes in-flight requests), then stops the inference server. */
   async stop(): Promise<void> {
     this.stopped = true;
-    this.recovery?.abort();
+    this.processes.stopRecovery();
     this.starting?.abort();
-    await this.worker?.stop(this.env.stopGraceMs);
-    await this.inference?.stop(this.env.stopGraceMs);
+    await this.processes.stop(this.env.stopGraceMs);
     await this.refreshing;
     this.secrets?.remove();
     await this.identity?.cleanup();
@@ -473,15 +234,14 @@ export class LocalInstance {
 
   /** The process ids of the instance's two processes, when they run (read-only, for tests and diagnostics). */
   get pids(): { inference: number | undefined; worker: number | undefined } {
-    return { inference: this.inference?.pid, worker: this.worker?.pid };
+    return this.processes.pids;
   }
 
   killNow(): void {
     this.stopped = true;
-    this.recovery?.abort();
+    this.processes.stopRecovery();
     this.starting?.abort();
-    this.worker?.killNow();
-    this.inference?.killNow();
+    this.processes.killNow();
     try {
       this.secrets?.remove();
     } catch {
