@@ -95,7 +95,12 @@ class SqlIdentityStore implements IdentityStore {
 /** The identities in the API's SQLite file, on a connection of their own. */
 export function openIdentityStore(path: string): IdentityStore {
   const db: Database.Database = openSqliteFile(path);
-  migrateSqlite(db);
+  try {
+    migrateSqlite(db);
+  } catch (err) {
+    db.close();
+    throw err;
+  }
   return new SqlIdentityStore(new SqliteRunner(db), () => db.close());
 }
 

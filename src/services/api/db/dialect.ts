@@ -20,7 +20,7 @@ export interface ColumnTypes {
    * What a CREATE TABLE adds (after its last column) for a row order to break ties by: nothing on
    * SQLite, whose every table has a rowid already; an autoincrementing column on PostgreSQL.
    */
-  insertionOrderColumn: "" | ",\n        seq BIGSERIAL";
+  insertionOrderColumn: "" | ", seq BIGSERIAL";
 }
 
 export interface Dialect {
@@ -61,7 +61,7 @@ export const POSTGRES: Dialect = {
     int64: "BIGINT",
     flag: "INTEGER",
     isoTime: "TEXT",
-    insertionOrderColumn: ",\n        seq BIGSERIAL",
+    insertionOrderColumn: ", seq BIGSERIAL",
   },
   insertionOrder: "seq",
   // one array parameter, however long the list

@@ -11,7 +11,7 @@
 import type Database from "better-sqlite3";
 import type pg from "pg";
 import type { Dialect } from "./dialect.js";
-import { MIGRATIONS, type Migration } from "./migrations.js";
+import { MIGRATIONS } from "./migrations.js";
 import { PostgresRunner } from "./postgres.js";
 import { SqliteRunner } from "./sqlite.js";
 import { exec, first, query, script, type Steps } from "./steps.js";
@@ -26,10 +26,8 @@ export interface MigrationReport {
   adopted: number[];
 }
 
-export function* migrationSteps(
-  d: Dialect,
-  migrations: readonly Migration[] = MIGRATIONS,
-): Steps<MigrationReport> {
+/** The run itself, the same on both databases (a runner of db/sqlite.ts or db/postgres.ts executes it). */
+export function* migrationSteps(d: Dialect): Steps<MigrationReport> {
   yield* script(
     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
   );
@@ -37,7 +35,7 @@ export function* migrationSteps(
     (yield* query("SELECT version FROM schema_migrations")).map((r) => Number(r.version)),
   );
   const report: MigrationReport = { ran: [], adopted: [] };
-  for (const m of migrations) {
+  for (const m of MIGRATIONS) {
     if (applied.has(m.version)) continue;
     const inPlace =
       m.adoptIfTableExists !== undefined &&
