@@ -5,7 +5,9 @@ import { randomUUID } from "node:crypto";
 import { join } from "node:path";
 import { test } from "node:test";
 import type Database from "better-sqlite3";
-import { MIGRATIONS, migrate, openSqliteStore } from "../src/services/api/store/sqlite.js";
+import { migrateSqlite } from "../src/services/api/db/migrate.js";
+import { MIGRATIONS } from "../src/services/api/db/migrations.js";
+import { openSqliteStore } from "../src/services/api/store/sqlite.js";
 import type { FunctionVersionRecord, InstanceRecord } from "../src/services/api/store/types.js";
 import { call, sampleFunction, startApi, tmpDir, type JsonResponse } from "./testkit/index.js";
 
@@ -170,7 +172,7 @@ test("migrations run once: reopening the same file does not re-run them", async 
     .prepare("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
     .all();
   assert.deepEqual(after, applied, "one row per migration, unchanged");
-  assert.equal(migrate(second.db), 0, "nothing left to apply");
+  assert.deepEqual(migrateSqlite(second.db), { ran: [], adopted: [] }, "nothing left to apply");
   assert.equal(count(second.db, "schema_migrations"), MIGRATIONS.length);
   assert.deepEqual(await second.listVersions(), [v], "data written before reopening is still there");
 });
@@ -179,5 +181,5 @@ test("a fresh in-memory store applies every migration", (t) => {
   const store = openSqliteStore(":memory:");
   t.after(() => store.close());
   assert.equal(count(store.db, "schema_migrations"), MIGRATIONS.length);
-  assert.equal(migrate(store.db), 0);
+  assert.deepEqual(migrateSqlite(store.db), { ran: [], adopted: [] });
 });

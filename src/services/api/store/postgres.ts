@@ -1,8 +1,10 @@
 // The control plane's store on PostgreSQL, for API replicas that share one database. Same schema
-// and migrations as the SQLite store (MIGRATIONS is written in SQL both accept); every multi-row
+// and migrations as the SQLite store (the data layer's one list: ../db/migrations.ts); every multi-row
 // write is one transaction, and writes that several replicas may race on are single statements
 // that the database decides (INSERT ... ON CONFLICT), never a read followed by a write.
 import pg from "pg";
+import { migratePostgres } from "../db/migrate.js";
+import { numbered } from "../db/postgres.js";
 import {
   VERSION_SELECT,
   deploymentFromRow,
@@ -14,57 +16,11 @@ import {
   type KeyRow,
   type VersionRow,
 } from "./rows.js";
-import { MIGRATIONS } from "./sqlite.js";
 import { NameTakenError, type Store } from "./types.js";
 
-/** One advisory lock key for migrations, so that replicas starting together apply each once. */
-const MIGRATION_LOCK = 0x63706c6e; // "cpln"
 const UNIQUE_VIOLATION = "23505";
 
 type Query = (sql: string, params?: unknown[]) => Promise<pg.QueryResult>;
-
-/** `?` placeholders (the SQLite form the queries share) to PostgreSQL's `$n`. */
-function numbered(sql: string): string {
-  let n = 0;
-  return sql.replace(/\?/g, () => `$${++n}`);
-}
-
-export async function migratePostgres(pool: pg.Pool): Promise<number> {
-  const c = await pool.connect();
-  try {
-    await c.query("SELECT pg_advisory_lock($1)", [MIGRATION_LOCK]);
-    await c.query(
-      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
-    );
-    const applied = new Set(
-      (await c.query<{ version: number }>("SELECT version FROM schema_migrations")).rows.map(
-        (r) => r.version,
-      ),
-    );
-    let n = 0;
-    for (const m of MIGRATIONS) {
-      if (applied.has(m.version)) continue;
-      await c.query("BEGIN");
-      try {
-        await c.query(m.sql);
-        await c.query("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)", [
-          m.version,
-          m.name,
-          new Date().toISOString(),
-        ]);
-        await c.query("COMMIT");
-      } catch (err) {
-        await c.query("ROLLBACK");
-        throw err;
-      }
-      n++;
-    }
-    return n;
-  } finally {
-    await c.query("SELECT pg_advisory_unlock($1)", [MIGRATION_LOCK]).catch(() => undefined);
-    c.release();
-  }
-}
 
 export interface PostgresStoreOptions {
   /** postgres://user:password@host:port/database */

@@ -1,5 +1,5 @@
 // Rows as both stores read them, and the records they become: the SQL schema is the same on
-// SQLite and PostgreSQL (MIGRATIONS in sqlite.ts), so the mapping is too.
+// SQLite and PostgreSQL (MIGRATIONS in ../db/migrations.ts), so the mapping is too.
 import type {
   ApiKeyRecord,
   DeploymentRecord,

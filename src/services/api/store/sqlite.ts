@@ -1,7 +1,10 @@
 /* eslint-disable @typescript-eslint/require-await -- better-sqlite3 is synchronous; the Store interface is async so that a networked backend (PostgreSQL) can implement it. */
-import { mkdirSync } from "node:fs";
-import { dirname } from "node:path";
-import Database from "better-sqlite3";
+// The control plane's store in the API's SQLite file. Its schema is the data layer's one list of
+// migrations (../db/migrations.ts), shared with the PostgreSQL store, the secret storage and the
+// worker identities.
+import type Database from "better-sqlite3";
+import { migrateSqlite } from "../db/migrate.js";
+import { openSqliteFile } from "../db/sqlite.js";
 import {
   VERSION_SELECT,
   deploymentFromRow,
@@ -15,99 +18,9 @@ import {
 } from "./rows.js";
 import { NameTakenError, type Store } from "./types.js";
 
-/**
- * Versioned migrations; each runs once, in order, inside a transaction. Never edit a shipped one.
- * Both stores run them (postgres.ts too), so they are written in SQL that SQLite and PostgreSQL
- * both accept: TEXT columns, plain constraints and indexes, no SQLite- or PostgreSQL-only syntax.
- */
-export const MIGRATIONS: ReadonlyArray<{ version: number; name: string; sql: string }> = [
-  {
-    version: 1,
-    name: "functions, deployments, instances, api keys",
-    sql: `
-      CREATE TABLE functions (
-        function_id TEXT PRIMARY KEY,
-        name        TEXT NOT NULL UNIQUE,
-        nca_id      TEXT NOT NULL,
-        created_at  TEXT NOT NULL
-      );
-      CREATE TABLE function_versions (
-        version_id  TEXT PRIMARY KEY,
-        function_id TEXT NOT NULL REFERENCES functions(function_id),
-        spec        TEXT NOT NULL,
-        created_at  TEXT NOT NULL
-      );
-      CREATE INDEX function_versions_by_function ON function_versions(function_id);
-      CREATE TABLE deployments (
-        deployment_id TEXT PRIMARY KEY,
-        function_id   TEXT NOT NULL,
-        version_id    TEXT NOT NULL UNIQUE REFERENCES function_versions(version_id),
-        specs         TEXT NOT NULL,
-        created_at    TEXT NOT NULL,
-        updated_at    TEXT NOT NULL
-      );
-      CREATE TABLE instances (
-        instance_id   TEXT PRIMARY KEY,
-        reporter      TEXT NOT NULL,
-        deployment_id TEXT NOT NULL,
-        function_id   TEXT NOT NULL,
-        version_id    TEXT NOT NULL,
-        status        TEXT NOT NULL,
-        instance_type TEXT NOT NULL,
-        gpu           TEXT NOT NULL,
-        backend       TEXT NOT NULL,
-        location      TEXT NOT NULL,
-        message       TEXT,
-        created_at    TEXT NOT NULL,
-        updated_at    TEXT NOT NULL
-      );
-      CREATE INDEX instances_by_version ON instances(version_id);
-      CREATE TABLE api_keys (
-        key_id      TEXT PRIMARY KEY,
-        hash        TEXT NOT NULL UNIQUE,
-        description TEXT NOT NULL,
-        owner_id    TEXT NOT NULL,
-        scopes      TEXT NOT NULL,
-        expires_at  TEXT NOT NULL,
-        created_at  TEXT NOT NULL,
-        revoked_at  TEXT
-      );
-    `,
-  },
-];
-
-export function migrate(db: Database.Database): number {
-  db.exec(
-    "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)",
-  );
-  const applied = new Set(
-    (db.prepare("SELECT version FROM schema_migrations").all() as Array<{ version: number }>).map(
-      (r) => r.version,
-    ),
-  );
-  let n = 0;
-  for (const m of MIGRATIONS) {
-    if (applied.has(m.version)) continue;
-    db.transaction(() => {
-      db.exec(m.sql);
-      db.prepare("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)").run(
-        m.version,
-        m.name,
-        new Date().toISOString(),
-      );
-    })();
-    n++;
-  }
-  return n;
-}
-
 export function openSqliteStore(path: string): Store & { db: Database.Database } {
-  if (path !== ":memory:") mkdirSync(dirname(path), { recursive: true });
-  const db = new Database(path);
-  db.pragma("journal_mode = WAL");
-  db.pragma("foreign_keys = ON");
-  db.pragma("busy_timeout = 5000");
-  migrate(db);
+  const db = openSqliteFile(path);
+  migrateSqlite(db);
 
   const insertFunction = db.prepare(
     "INSERT INTO functions (function_id, name, nca_id, created_at) VALUES (?, ?, ?, ?)",

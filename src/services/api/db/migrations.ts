@@ -1,0 +1,162 @@
+// The one list of schema migrations of the API's database: the store's tables, the secret
+// storage's and the worker identities', on SQLite and PostgreSQL alike. Each runs once, in order;
+// never edit a shipped one, add the next. The SQL is written once: plain constraints and indexes
+// that both accept, and the types that differ by dialect taken from ColumnTypes (dialect.ts).
+import type { ColumnTypes } from "./dialect.js";
+
+export interface Migration {
+  version: number;
+  /** The part of the data layer whose tables it makes. */
+  part: "store" | "secrets" | "identity";
+  name: string;
+  sql: (t: ColumnTypes) => string;
+  /**
+   * Before this runner, the secret storage kept its own migration table and the identity store
+   * created its table if missing. A database made then has this table exactly when it has this
+   * migration's schema (each was made in one statement or transaction): the runner then records the
+   * migration as applied without running it.
+   */
+  adoptIfTableExists?: string;
+}
+
+export const MIGRATIONS: readonly Migration[] = [
+  {
+    // version 1 and its name as the store's own list recorded them, so its databases need nothing
+    version: 1,
+    part: "store",
+    name: "functions, deployments, instances, api keys",
+    sql: (t) => `
+      CREATE TABLE functions (
+        function_id TEXT PRIMARY KEY,
+        name        TEXT NOT NULL UNIQUE,
+        nca_id      TEXT NOT NULL,
+        created_at  ${t.isoTime} NOT NULL
+      );
+      CREATE TABLE function_versions (
+        version_id  TEXT PRIMARY KEY,
+        function_id TEXT NOT NULL REFERENCES functions(function_id),
+        spec        TEXT NOT NULL,
+        created_at  ${t.isoTime} NOT NULL
+      );
+      CREATE INDEX function_versions_by_function ON function_versions(function_id);
+      CREATE TABLE deployments (
+        deployment_id TEXT PRIMARY KEY,
+        function_id   TEXT NOT NULL,
+        version_id    TEXT NOT NULL UNIQUE REFERENCES function_versions(version_id),
+        specs         TEXT NOT NULL,
+        created_at    ${t.isoTime} NOT NULL,
+        updated_at    ${t.isoTime} NOT NULL
+      );
+      CREATE TABLE instances (
+        instance_id   TEXT PRIMARY KEY,
+        reporter      TEXT NOT NULL,
+        deployment_id TEXT NOT NULL,
+        function_id   TEXT NOT NULL,
+        version_id    TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        instance_type TEXT NOT NULL,
+        gpu           TEXT NOT NULL,
+        backend       TEXT NOT NULL,
+        location      TEXT NOT NULL,
+        message       TEXT,
+        created_at    ${t.isoTime} NOT NULL,
+        updated_at    ${t.isoTime} NOT NULL
+      );
+      CREATE INDEX instances_by_version ON instances(version_id);
+      CREATE TABLE api_keys (
+        key_id      TEXT PRIMARY KEY,
+        hash        TEXT NOT NULL UNIQUE,
+        description TEXT NOT NULL,
+        owner_id    TEXT NOT NULL,
+        scopes      TEXT NOT NULL,
+        expires_at  ${t.isoTime} NOT NULL,
+        created_at  ${t.isoTime} NOT NULL,
+        revoked_at  ${t.isoTime}
+      );
+    `,
+  },
+  {
+    version: 2,
+    part: "secrets",
+    name: "MEK states and rotations, wrapped NEKs, encrypted secret values, replica heartbeats",
+    adoptIfTableExists: "secret_meks",
+    sql: (t) => `
+      CREATE TABLE secret_meks (
+        kid         TEXT PRIMARY KEY,
+        state       TEXT NOT NULL CHECK (state IN ('primary', 'decrypt-only', 'retired')),
+        added_ms    ${t.int64} NOT NULL,
+        promoted_ms ${t.int64},
+        retired_ms  ${t.int64}
+      );
+      CREATE UNIQUE INDEX secret_meks_one_primary ON secret_meks(state) WHERE state = 'primary';
+      CREATE TABLE secret_mek_rotations (
+        rotation_id      TEXT PRIMARY KEY,
+        from_kid         TEXT NOT NULL,
+        to_kid           TEXT NOT NULL,
+        phase            TEXT NOT NULL CHECK (phase IN ('distributing', 'rewrapping', 'done', 'aborted')),
+        open             ${t.flag} UNIQUE,
+        rolled_back      ${t.flag} NOT NULL DEFAULT 0,
+        started_ms       ${t.int64} NOT NULL,
+        promote_after_ms ${t.int64} NOT NULL,
+        promoted_ms      ${t.int64},
+        finished_ms      ${t.int64},
+        neks_at_start    INTEGER NOT NULL,
+        key_destroyed    ${t.flag} NOT NULL DEFAULT 0${t.insertionOrderColumn}
+      );
+      CREATE TABLE secret_neks (
+        nek_id      TEXT PRIMARY KEY,
+        namespace   TEXT NOT NULL,
+        state       TEXT NOT NULL CHECK (state IN ('active', 'retiring')),
+        mek_kid     TEXT NOT NULL,
+        wrapped     ${t.bytes} NOT NULL,
+        encryptions ${t.int64} NOT NULL DEFAULT 0,
+        created_ms  ${t.int64} NOT NULL,
+        wrapped_ms  ${t.int64} NOT NULL
+      );
+      CREATE UNIQUE INDEX secret_neks_one_active ON secret_neks(namespace) WHERE state = 'active';
+      CREATE INDEX secret_neks_by_mek ON secret_neks(mek_kid);
+      CREATE TABLE secret_values (
+        version_id  TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        function_id TEXT NOT NULL,
+        nek_id      TEXT NOT NULL REFERENCES secret_neks(nek_id),
+        ciphertext  ${t.bytes} NOT NULL,
+        created_ms  ${t.int64} NOT NULL,
+        updated_ms  ${t.int64} NOT NULL,
+        PRIMARY KEY (version_id, name)
+      );
+      CREATE INDEX secret_values_by_nek ON secret_values(nek_id);
+      CREATE INDEX secret_values_by_function ON secret_values(function_id);
+      CREATE TABLE secret_revisions (
+        version_id TEXT PRIMARY KEY,
+        revision   ${t.int64} NOT NULL
+      );
+      CREATE TABLE secret_replicas (
+        replica_id  TEXT PRIMARY KEY,
+        provider    TEXT NOT NULL,
+        key_ids     TEXT NOT NULL,
+        primary_kid TEXT,
+        seen_ms     ${t.int64} NOT NULL
+      );
+    `,
+  },
+  {
+    version: 3,
+    part: "identity",
+    name: "worker identities",
+    adoptIfTableExists: "worker_identities",
+    sql: (t) => `
+      CREATE TABLE worker_identities (
+        instance_id   TEXT PRIMARY KEY,
+        function_id   TEXT NOT NULL,
+        version_id    TEXT NOT NULL,
+        deployment_id TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        issued_at     ${t.isoTime} NOT NULL,
+        expires_at    ${t.isoTime} NOT NULL,
+        revoked_at    ${t.isoTime},
+        revoked_why   TEXT
+      );
+    `,
+  },
+];
