@@ -1,6 +1,8 @@
-// A TLS front door that decides what a connection is by its server name, before any HTTP is
-// parsed: the callback proxy serves HTTP callbacks (`invocation.<workerDomain>`) with an HTTP
-// server on the decrypted socket and pipes gRPC tunnels (`<dashed-ip>.<workerDomain>`) as bytes.
+// A TLS front door that hands each connection, once its handshake is done, to a router that
+// decides what it is (by its server name, before any HTTP is parsed, where that matters): the
+// callback proxy serves HTTP callbacks (`invocation.<workerDomain>`) with an HTTP server on the
+// decrypted socket and pipes gRPC tunnels (`<dashed-ip>.<workerDomain>`) as bytes; grpc-proxy's
+// worker TLS listener hands every connection to its CONNECT listener.
 // The secure context is built once and replaced only on reload; accepted sockets get 256 KiB
 // buffers; every live socket is tracked so that close() can drain them and destroy() cut them.
 import { createServer, type Server, type TLSSocket, type TlsOptions } from "node:tls";
@@ -21,6 +23,8 @@ export function createTlsFrontend(opts: {
   tls: TlsOptions;
   /** Takes over each connection once its handshake is done (`socket.servername` is the SNI name). */
   route: (socket: TLSSocket) => void;
+  /** A handshake that failed (the server's tlsClientError), for the log; unset, it goes unheard. */
+  onHandshakeError?: (err: Error, socket: TLSSocket) => void;
 }): TlsFrontend {
   const sockets = new Set<TLSSocket>();
   const server = createServer({ minVersion: "TLSv1.2", ...opts.tls });
@@ -30,6 +34,7 @@ export function createTlsFrontend(opts: {
     s.once("close", () => sockets.delete(s));
     opts.route(s);
   });
+  if (opts.onHandshakeError) server.on("tlsClientError", opts.onHandshakeError);
   return {
     server,
     sockets,

@@ -1,0 +1,207 @@
+// One client gRPC call, a stream on a client's HTTP/2 connection: its metadata is checked and its
+// API key authorized, its session found or started (sessions.ts); if the worker's tunnel is not up
+// yet the call waits for it (until the call's deadline, if any); then the stream passes through
+// the tunnel as bytes (forwardStream: any service, any method, with metadata, trailers, deadlines,
+// resets and flow control intact). A call that cannot go through is answered by grpc-proxy itself
+// (trailers-only, with the session's nvcf-reqid).
+import {
+  constants as h2,
+  type ClientHttp2Session,
+  type Http2Session,
+  type IncomingHttpHeaders,
+  type ServerHttp2Stream,
+} from "node:http2";
+import { CallplaneError, GRPC_STATUS, toCallplaneError } from "../../lib/errors.js";
+import { GRPC, grpcTimeoutMs, refuseStream, statusOfReset } from "../../lib/grpc.js";
+import { forwardStream, nextHopRequestHeaders, type StreamResult } from "../../lib/h2-forward.js";
+import { isUuid, newRequestId } from "../../lib/ids.js";
+import type { Logger } from "../../lib/log.js";
+import type { AuthCache } from "../../plane/auth-cache.js";
+import { first } from "./metadata.js";
+import type { GrpcProxyMetrics } from "./metrics.js";
+import type { Session } from "./session.js";
+import { CLEAR_SESSION_COOKIE, resumeIdOf, sessionCookie, type SessionTable } from "./sessions.js";
+import type { ProxyState } from "./state.js";
+
+/** Request headers that end here: the API key, and the session routing that only this hop reads. */
+const DROP_UPSTREAM = new Set(["authorization", "cookie"]);
+
+export interface CallDeps {
+  auth: AuthCache;
+  sessions: SessionTable;
+  state: ProxyState;
+  metrics: Pick<GrpcProxyMetrics, "calls">;
+  logger: Logger;
+  holderId: number;
+}
+
+export class Calls {
+  constructor(private readonly deps: CallDeps) {}
+
+  /** A client's call, from its first HEADERS to its answer; never throws. */
+  async onStream(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number): Promise<void> {
+    const conn = stream.session;
+    let session: Session | undefined;
+    let began = false;
+    try {
+      if (this.deps.state.closing || !conn)
+        throw new CallplaneError(
+          "SHUTTING_DOWN",
+          "this grpc-proxy replica is shutting down; retry on another connection",
+        );
+      session = await this.sessionOf(conn, headers);
+      session.begin();
+      began = true;
+      const tunnel =
+        session.state === "open" && session.tunnel && !session.tunnel.closed
+          ? session.tunnel
+          : await waitForWorker(stream, headers, session);
+      await this.forward(stream, headers, flags, session, tunnel);
+    } catch (err) {
+      this.refuse(stream, headers, err, session);
+    } finally {
+      if (began) session?.finish();
+    }
+  }
+
+  /** Checks the call's metadata, authorizes its API key, and finds or starts its session. */
+  private async sessionOf(conn: Http2Session, headers: IncomingHttpHeaders): Promise<Session> {
+    const apiKey = apiKeyOf(headers);
+    const { functionId, pinned } = routingOf(headers);
+    const grant = await this.deps.auth.authorize(apiKey, functionId, pinned);
+    const resumeId = resumeIdOf(headers);
+    return resumeId
+      ? await this.deps.sessions.resume(conn, resumeId, grant, functionId, pinned)
+      : this.deps.sessions.sessionFor(conn, grant, functionId, pinned);
+  }
+
+  /** Passes the call through the worker's tunnel and its answer back. */
+  private async forward(
+    stream: ServerHttp2Stream,
+    headers: IncomingHttpHeaders,
+    flags: number,
+    session: Session,
+    tunnel: ClientHttp2Session,
+  ): Promise<void> {
+    const extra: Record<string, string> = { "nvcf-reqid": session.requestId };
+    if (!session.cookieSent) {
+      session.cookieSent = true;
+      extra["set-cookie"] = sessionCookie(session.requestId);
+    }
+    const result: StreamResult = await forwardStream(
+      stream,
+      headers,
+      !!(flags & h2.NGHTTP2_FLAG_END_STREAM),
+      tunnel,
+      nextHopRequestHeaders(headers, DROP_UPSTREAM, { "nvcf-reqid": session.requestId }),
+      {
+        responseHeaders: extra,
+        failure: (code, gone) => ({
+          grpcStatus:
+            gone || code === h2.NGHTTP2_NO_ERROR || code === h2.NGHTTP2_REFUSED_STREAM
+              ? GRPC.UNAVAILABLE
+              : statusOfReset(code),
+          httpStatus: 503,
+          message: gone
+            ? `the worker's tunnel for session ${session.requestId} closed during the call; retry (a call without nvcf-reqid starts a new session)`
+            : `the worker reset the call (HTTP/2 code ${code})`,
+        }),
+      },
+    );
+    this.deps.metrics.calls.inc({ outcome: result.outcome });
+  }
+
+  /** Answers a call that did not go through, from grpc-proxy itself. */
+  private refuse(
+    stream: ServerHttp2Stream,
+    headers: IncomingHttpHeaders,
+    err: unknown,
+    session: Session | undefined,
+  ): void {
+    const { logger } = this.deps;
+    const e = toCallplaneError(err);
+    if (e.code === "INTERNAL") logger.error({ err, requestId: session?.requestId }, "call failed");
+    else if (e.code !== "CLIENT_GONE")
+      logger.info({ requestId: session?.requestId, code: e.code, reason: e.message }, "call refused");
+    this.deps.metrics.calls.inc({ outcome: e.code === "CLIENT_GONE" ? "client_gone" : "refused" });
+    const extra: Record<string, string> = {
+      "nvcf-reqid": session?.requestId ?? newRequestId(this.deps.holderId),
+    };
+    if (e.code === "SESSION_NOT_FOUND") extra["set-cookie"] = CLEAR_SESSION_COOKIE;
+    refuseStream(
+      stream,
+      headers,
+      { grpcStatus: GRPC_STATUS[e.code], httpStatus: e.status, message: e.message },
+      extra,
+    );
+  }
+}
+
+/** A call that arrives before its session's tunnel waits for it (until the call's deadline, if any). */
+export async function waitForWorker(
+  stream: ServerHttp2Stream,
+  headers: IncomingHttpHeaders,
+  session: Session,
+): Promise<ClientHttp2Session> {
+  const ended = new AbortController();
+  const onClose = () =>
+    ended.abort(
+      new CallplaneError("CLIENT_GONE", "the client cancelled the call while it waited for its worker"),
+    );
+  stream.once("close", onClose);
+  const deadlineMs = grpcTimeoutMs(headers["grpc-timeout"]);
+  const deadline =
+    deadlineMs === undefined
+      ? undefined
+      : setTimeout(
+          () =>
+            ended.abort(
+              new CallplaneError(
+                "WORKER_LINK_TIMEOUT",
+                `failed to establish link to worker within the call's deadline (${deadlineMs} ms)`,
+              ),
+            ),
+          deadlineMs,
+        );
+  try {
+    return await session.waitForTunnel(ended.signal);
+  } finally {
+    clearTimeout(deadline);
+    stream.off("close", onClose);
+  }
+}
+
+function apiKeyOf(headers: IncomingHttpHeaders): string {
+  const h = first(headers.authorization);
+  if (!h)
+    throw new CallplaneError(
+      "UNAUTHENTICATED",
+      "the call has no authorization metadata: send authorization: Bearer <API key>",
+    );
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
+  if (!m)
+    throw new CallplaneError(
+      "UNAUTHENTICATED",
+      "the authorization metadata must use the Bearer scheme: authorization: Bearer <API key>",
+    );
+  return m[1];
+}
+
+/** The function a call is for (function-id) and the version it pins (function-version-id), checked. */
+function routingOf(headers: IncomingHttpHeaders): { functionId: string; pinned: string | undefined } {
+  const functionId = first(headers["function-id"]);
+  if (!functionId)
+    throw new CallplaneError(
+      "FUNCTION_ID_REQUIRED",
+      "the call has no function-id metadata: send function-id: <function id> (and optionally function-version-id)",
+    );
+  if (!isUuid(functionId))
+    throw new CallplaneError("FUNCTION_NOT_FOUND", `function-id "${functionId.slice(0, 60)}" is not a UUID`);
+  const pinned = first(headers["function-version-id"]);
+  if (pinned !== undefined && !isUuid(pinned))
+    throw new CallplaneError(
+      "VERSION_NOT_FOUND",
+      `function-version-id "${pinned.slice(0, 60)}" is not a UUID`,
+    );
+  return { functionId, pinned };
+}

@@ -1,0 +1,213 @@
+// grpc-proxy's listeners and what each hands its connections to. The client listener (HTTP/2,
+// cleartext or TLS with ALPN h2): each stream is a call (calls.ts). The CONNECT listener (HTTP/1,
+// with /health and /metrics): each CONNECT request is a worker's tunnel (tunnels.ts). The worker
+// TLS listener, for workers that come through the callback proxy: TLS with the pod certificate,
+// then the same CONNECT inside, so each decrypted connection is handed to the CONNECT listener.
+import {
+  createSecureServer,
+  createServer as createH2Server,
+  type Http2SecureServer,
+  type Http2Server,
+  type IncomingHttpHeaders,
+  type ServerHttp2Session,
+  type ServerHttp2Stream,
+} from "node:http2";
+import { isIPv4, type Socket } from "node:net";
+import { H2_SESSION_OPTIONS, widenWindow } from "../../lib/h2-forward.js";
+import { Router, createHttpService, type HttpService } from "../../lib/http.js";
+import type { Logger } from "../../lib/log.js";
+import type { Registry } from "../../lib/metrics.js";
+import { dashIp, formatHostPort, widenSocketBuffers } from "../../lib/net.js";
+import { createTlsFrontend, type TlsFrontend } from "../../lib/tls-frontend.js";
+import { TlsReloader } from "../../lib/tls-reload.js";
+import type { Calls } from "./calls.js";
+import type { GrpcProxyOptions } from "./options.js";
+import type { ProxyState } from "./state.js";
+import { CONNECT_PATH, type Tunnels } from "./tunnels.js";
+
+interface ListenerContext {
+  logger: Logger;
+  registry: Registry;
+}
+
+/** The client listener: HTTP/2 sessions of gRPC clients, whose streams are calls. */
+export class ClientListener {
+  readonly server: Http2Server | Http2SecureServer;
+  private readonly reloader: TlsReloader | undefined;
+  private readonly sessions = new Set<ServerHttp2Session>();
+
+  constructor(
+    private readonly opts: Pick<GrpcProxyOptions, "listen" | "clientTls">,
+    private readonly calls: Calls,
+    { logger, registry }: ListenerContext,
+  ) {
+    if (opts.clientTls) {
+      const reloader = new TlsReloader(
+        "grpc-client-listener",
+        { certFile: opts.clientTls.certFile, keyFile: opts.clientTls.keyFile },
+        (m) =>
+          (this.server as Http2SecureServer).setSecureContext({
+            cert: m.cert,
+            key: m.key,
+            minVersion: "TLSv1.2",
+          }),
+        logger,
+        registry,
+      );
+      this.reloader = reloader;
+      this.server = createSecureServer({
+        ...H2_SESSION_OPTIONS,
+        cert: reloader.material.cert,
+        key: reloader.material.key,
+        minVersion: "TLSv1.2",
+        ALPNProtocols: ["h2"],
+      });
+      this.server.prependListener("secureConnection", widenSocketBuffers);
+    } else {
+      this.server = createH2Server({ ...H2_SESSION_OPTIONS });
+    }
+    // small calls one at a time: no Nagle delay on any hop (HTTP/2 sockets cannot be touched once
+    // the session has them)
+    this.server.on("connection", (sock: Socket) => sock.setNoDelay(true));
+    this.server.on("session", (s: ServerHttp2Session) => this.onSession(s));
+    this.server.on("stream", (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number) =>
+      this.onStream(stream, headers, flags),
+    );
+  }
+
+  listen(): Promise<URL> {
+    return listenOn(
+      this.server,
+      this.opts.listen.host,
+      this.opts.listen.port,
+      this.opts.clientTls ? "https" : "http",
+    );
+  }
+
+  /** No new connections; GOAWAY to every client; their calls get up to graceMs, then are cut. */
+  async close(graceMs: number): Promise<void> {
+    this.server.close();
+    for (const s of this.sessions) s.close();
+    const deadline = Date.now() + graceMs;
+    while (this.sessions.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    for (const s of this.sessions) s.destroy();
+    this.reloader?.close();
+  }
+
+  destroy(): void {
+    this.server.close();
+    for (const s of this.sessions) s.destroy();
+    this.reloader?.close();
+  }
+
+  private onSession(s: ServerHttp2Session): void {
+    widenWindow(s);
+    this.sessions.add(s);
+    s.once("close", () => this.sessions.delete(s));
+    s.on("error", () => undefined);
+  }
+
+  private onStream(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number): void {
+    stream.on("error", () => undefined);
+    void this.calls.onStream(stream, headers, flags);
+  }
+}
+
+/** The worker listeners: the CONNECT listener and, through the callback proxy, the worker TLS listener. */
+export class WorkerListeners {
+  readonly connect: HttpService;
+  private readonly workerTls: TlsFrontend | undefined;
+  private readonly reloader: TlsReloader | undefined;
+
+  constructor(
+    private readonly opts: Pick<GrpcProxyOptions, "listen" | "connectPort" | "workerTls">,
+    tunnels: Tunnels,
+    state: ProxyState,
+    { logger, registry }: ListenerContext,
+  ) {
+    this.connect = createHttpService({
+      name: "grpc-proxy-connect",
+      listen: { host: opts.listen.host, port: opts.connectPort },
+      logger,
+      registry,
+      router: new Router(),
+      ready: () => state.ready,
+    });
+    this.connect.server.on("connect", (req, socket: Socket, head: Buffer) =>
+      tunnels.onConnect(req, socket, head),
+    );
+    if (opts.workerTls) {
+      const reloader = new TlsReloader(
+        "grpc-worker-listener",
+        { certFile: opts.workerTls.certFile, keyFile: opts.workerTls.keyFile },
+        (m) => this.workerTls?.setCertificate(m.cert!, m.key!),
+        logger,
+        registry,
+      );
+      this.reloader = reloader;
+      // TLS with the pod certificate, then the same CONNECT inside
+      this.workerTls = createTlsFrontend({
+        tls: { cert: reloader.material.cert, key: reloader.material.key, ALPNProtocols: ["http/1.1"] },
+        route: (s) => this.connect.server.emit("connection", s),
+        onHandshakeError: (err) => logger.debug({ err: err.message }, "worker TLS handshake failed"),
+      });
+    }
+  }
+
+  /** The CONNECT listener's URL, then the worker TLS listener's (if any). */
+  async listen(): Promise<{ connect: URL; workerTls: URL | undefined }> {
+    const connect = await this.connect.listen();
+    const workerTls = this.workerTls
+      ? await this.workerTls.listen(this.opts.listen.host, this.opts.workerTls!.port)
+      : undefined;
+    return { connect, workerTls };
+  }
+
+  /** Worker TLS connections are cut (their tunnels are ended by then); the CONNECT listener drains. */
+  async close(): Promise<void> {
+    this.workerTls?.destroy();
+    await this.connect.close(1000);
+    this.reloader?.close();
+  }
+
+  destroy(): void {
+    this.workerTls?.destroy();
+    this.connect.destroy();
+    this.reloader?.close();
+  }
+}
+
+/**
+ * The URI workers open their tunnels at, put in every work message: the shared connect URL if one
+ * is set, else this pod's name, on the callback proxy's worker domain (workers in another network)
+ * or on the headless service (in-cluster).
+ */
+export function connectUriFor(
+  opts: Pick<GrpcProxyOptions, "listen" | "sharedConnectUrl" | "callbackProxy" | "serviceDomain">,
+  connectPort: string,
+): string {
+  if (opts.sharedConnectUrl) return opts.sharedConnectUrl;
+  if (!isIPv4(opts.listen.host) || opts.listen.host === "0.0.0.0")
+    throw new Error(
+      `cannot build the pod address from listen host ${opts.listen.host}: listen on the pod's IPv4 address (POD_IP) or set grpcproxy.workerConnectBaseURL`,
+    );
+  return opts.callbackProxy
+    ? `https://${dashIp(opts.listen.host)}.${opts.callbackProxy.workerDomain}:${opts.callbackProxy.port}${CONNECT_PATH}`
+    : `http://${dashIp(opts.listen.host)}.grpc-headless.${opts.serviceDomain}:${connectPort}${CONNECT_PATH}`;
+}
+
+function listenOn(
+  server: Http2Server | Http2SecureServer,
+  host: string,
+  port: number,
+  scheme: string,
+): Promise<URL> {
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => {
+      server.off("error", reject);
+      const a = server.address() as { port: number } | null;
+      resolve(new URL(`${scheme}://${formatHostPort({ host, port: a?.port ?? port })}`));
+    });
+  });
+}

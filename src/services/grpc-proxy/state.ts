@@ -1,0 +1,25 @@
+// The mutable state one grpc-proxy replica's modules share: its link to NATS (made by listen()) and
+// the flags of a stop. One object, so that a reader finds every piece of it in one place.
+import type { NatsConnection } from "@nats-io/transport-node";
+import type { ReplicaRegistry } from "../../plane/registry.js";
+import type { WorkPublisher } from "../../plane/work-queue.js";
+
+export class ProxyState {
+  nc: NatsConnection | undefined;
+  publisher: WorkPublisher | undefined;
+  /** The registry of live replicas, when relaying is on (tunnels for another replica go to it). */
+  replicas: ReplicaRegistry | undefined;
+  /** Where workers open their tunnels: put in every work message (set by listen()). */
+  connectUri = "";
+  /** A stop is under way: no new calls. */
+  closing = false;
+  // readiness has failed (a stop began); calls are still taken until the drain delay is over
+  draining = false;
+  /** destroy(): NATS is being closed under everything, so nothing publishes any more. */
+  destroyed = false;
+
+  /** The connect listener's readiness (/health). */
+  get ready(): boolean {
+    return this.nc !== undefined && !this.nc.isClosed() && !this.closing && !this.draining;
+  }
+}
