@@ -31,7 +31,7 @@ import {
   sealSecret,
 } from "../../../lib/secrets/envelope.js";
 import type { MekProvider } from "../../../lib/secrets/mek.js";
-import { NekCache } from "../../../lib/secrets/nek-cache.js";
+import { NekCache } from "./nek-cache.js";
 import type { MekRow, NekRow, ReplicaRow, RotationRow, SecretRow, SecretStorage } from "./storage.js";
 
 export type SecretValue = string | Record<string, unknown>;
