@@ -1,8 +1,9 @@
 // The two tiers of keys of the secret store: the MEKs a MekProvider holds, whose states (which one
 // is primary) live in the database, and the per-namespace NEKs they wrap. This module reloads the
 // provider and the key states, unwraps NEKs (through the unwrapped-NEK cache, used past its TTL
-// while the provider fails), and makes a namespace's NEK, or replaces it once it has encrypted
-// too much.
+// while the provider fails), finds the NEK a secret names, makes a namespace's NEK or replaces it
+// once it has encrypted too much, wraps NEKs under a MEK, and picks the MEK a rotation goes to.
+// The other modules of the store share its error makers and `iso`.
 import { randomBytes } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
 import type { Logger } from "../../../lib/log.js";
@@ -40,17 +41,12 @@ export interface KeyDeps {
   maxNekEncryptions: number;
 }
 
-export interface RefreshResult {
-  ok: boolean;
-  at: number;
-  error?: string;
-}
-
 /** The MEK/NEK hierarchy of one replica: what it last read of the key states, and how to use them. */
 export class KeyHierarchy {
   private primary: string | undefined;
   private known: MekRow[] = [];
-  private refreshed: RefreshResult = { ok: false, at: 0 };
+  /** How the last provider refresh went (for the status). */
+  private lastRefresh: { ok: boolean; at: number; error?: string } = { ok: false, at: 0 };
   private lastOnDemandRefresh = 0;
 
   constructor(private readonly d: KeyDeps) {}
@@ -65,11 +61,6 @@ export class KeyHierarchy {
     return this.known;
   }
 
-  /** How the last provider refresh went. */
-  get lastRefresh(): RefreshResult {
-    return this.refreshed;
-  }
-
   /** Loads the provider and the key states; on a new database, makes the provider's first key primary. */
   async load(): Promise<void> {
     const { provider, storage, logger } = this.d;
@@ -78,7 +69,7 @@ export class KeyHierarchy {
         cause: err,
       });
     });
-    this.refreshed = { ok: true, at: this.d.now() };
+    this.lastRefresh = { ok: true, at: this.d.now() };
     this.d.metrics.providerUp.set(1);
     await this.readStates();
     if (!this.primary && this.known.length === 0) {
@@ -104,10 +95,10 @@ export class KeyHierarchy {
     const { provider, metrics } = this.d;
     try {
       await provider.refresh();
-      this.refreshed = { ok: true, at: this.d.now() };
+      this.lastRefresh = { ok: true, at: this.d.now() };
       metrics.providerUp.set(1);
     } catch (err) {
-      this.refreshed = { ok: false, at: this.d.now(), error: (err as Error).message };
+      this.lastRefresh = { ok: false, at: this.d.now(), error: (err as Error).message };
       metrics.providerUp.set(0);
       metrics.providerErrors.inc({ op: "refresh" });
       this.d.logger.warn(
@@ -198,9 +189,8 @@ export class KeyHierarchy {
     }
   }
 
-  /** A NEK wrapped under the MEK `kid`, as stored (header and body); a provider failure is counted and rethrown. */
-  async wrapNek(kid: string, nekId: string, namespace: string, key: Buffer): Promise<Buffer> {
-    const header = encodeHeader({ kind: "nek", mekKid: kid, nekId });
+  /** A NEK as stored: its `header`, then its key wrapped under the MEK `kid`. A provider failure is counted and rethrown. */
+  async wrapNek(kid: string, header: Buffer, namespace: string, key: Buffer): Promise<Buffer> {
     let body: Buffer;
     try {
       body = await this.d.provider.wrap(kid, key, aad(header, nekContext(namespace)));
@@ -239,9 +229,10 @@ export class KeyHierarchy {
         throw keyUnavailable(`the primary MEK ${kid} is not in the ${provider.name} MEK provider`);
       const key = randomBytes(KEY_BYTES);
       const nekId = `nek-${randomBytes(8).toString("hex")}`;
+      const header = encodeHeader({ kind: "nek", mekKid: kid, nekId });
       let wrapped: Buffer;
       try {
-        wrapped = await this.wrapNek(kid, nekId, namespace, key);
+        wrapped = await this.wrapNek(kid, header, namespace, key);
       } catch (err) {
         throw keyUnavailable(
           `the ${provider.name} MEK provider could not wrap a new NEK: ${(err as Error).message}`,
@@ -334,7 +325,7 @@ export class KeyHierarchy {
   /** The provider and MEK parts of the store's status. */
   providerStatus() {
     const { provider } = this.d;
-    const last = this.refreshed;
+    const last = this.lastRefresh;
     return {
       name: provider.name,
       keyIds: provider.keyIds(),

@@ -12,7 +12,7 @@
 // A tick also moves secrets off NEKs that a NEK rotation replaced, and removes those NEKs once empty.
 import { randomUUID } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sealSecret } from "../../../lib/secrets/envelope.js";
+import { encodeHeader, sealSecret } from "../../../lib/secrets/envelope.js";
 import { iso, keyUnavailable, type KeyDeps, type KeyHierarchy } from "./keys.js";
 import type { ReplicaRow, RotationRow, SecretRow } from "./storage.js";
 
@@ -33,7 +33,7 @@ export interface RotationDeps extends Omit<KeyDeps, "maxNekEncryptions"> {
 }
 
 export class Rotation {
-  /** A replica whose heartbeat is older than this is not waited for. */
+  /** A replica whose heartbeat is older than this is not live. */
   readonly liveMs: number;
   // NEKs and values that failed this round (unreadable): not retried on every tick
   private readonly rewrapFailed = new Map<string, string>();
@@ -62,6 +62,7 @@ export class Rotation {
     await this.ticking;
   }
 
+  /** Whether a replica counts at `t`: one that stopped beating is not waited for. */
   isLive(r: ReplicaRow, t: number): boolean {
     return t - r.seenMs <= this.liveMs;
   }
@@ -159,9 +160,10 @@ export class Rotation {
         );
         continue;
       }
+      const header = encodeHeader({ kind: "nek", mekKid: kid, nekId: n.nekId });
       let wrapped: Buffer;
       try {
-        wrapped = await this.d.keys.wrapNek(kid, n.nekId, n.namespace, key);
+        wrapped = await this.d.keys.wrapNek(kid, header, n.namespace, key);
       } catch (err) {
         logger.warn(
           { err: (err as Error).message },
