@@ -5,6 +5,7 @@ import type { IncomingMessage } from "node:http";
 import { connect as netConnect, type Socket } from "node:net";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { rawProblem } from "../../lib/http.js";
+import { splice } from "../../lib/splice.js";
 import { accessLog, workerOf, type Outcome, type ProxyContext } from "./context.js";
 import { checkAuthority, type PodTarget } from "./target.js";
 
@@ -45,44 +46,34 @@ export function handleConnect(ctx: ProxyContext, req: IncomingMessage, socket: S
     answer(e, e.code === "PROXY_TARGET_FORBIDDEN" ? "refused_forbidden" : "refused_target");
     return;
   }
-  const upstream = netConnect({ host: target.ip, port: target.port, timeout: opts.timeouts.connectMs });
-  let up = 0;
-  let down = 0;
-  upstream.once("connect", () => {
-    upstream.setTimeout(opts.timeouts.idleMs);
-    socket.setTimeout(opts.timeouts.idleMs);
-    socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
-    if (head.length) upstream.write(head);
-    upstream.on("data", (d: Buffer) => (down += d.length));
-    socket.on("data", (d: Buffer) => (up += d.length));
-    upstream.pipe(socket);
-    socket.pipe(upstream);
-  });
-  const end = (reason?: string) => {
-    upstream.destroy();
-    socket.destroy();
-    if (reason !== undefined || up + down > 0 || !upstream.connecting) {
+  const upstream = netConnect({ host: target.ip, port: target.port });
+  splice(socket, upstream, {
+    connectTimeoutMs: opts.timeouts.connectMs,
+    idleMs: opts.timeouts.idleMs,
+    onReady: () => socket.write("HTTP/1.1 200 Connection Established\r\n\r\n"),
+    head,
+    failureAnswer: (f) =>
+      f.cause === "upstream-error" && f.bytesUp + f.bytesDown === 0
+        ? "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        : undefined,
+    onEnd: (e) => {
+      // a tunnel that one side closed cleanly is not logged
+      if (e.cause === "closed") return;
+      const reason = e.cause.endsWith("timeout")
+        ? "idle timeout"
+        : e.cause === "upstream-error"
+          ? e.error?.message
+          : undefined;
       accessLog(ctx, req, {
         target: target.podName,
         status: 200,
         outcome: "tunnel",
         ...(reason ? { reason } : {}),
-        bytesIn: up,
-        bytesOut: down,
+        bytesIn: e.bytesUp,
+        bytesOut: e.bytesDown,
         durationMs: Math.round(performance.now() - started),
       });
-    }
-  };
-  upstream.once("timeout", () => end("idle timeout"));
-  socket.once("timeout", () => end("idle timeout"));
-  upstream.once("error", (err) => {
-    if (!socket.destroyed && up + down === 0) {
-      socket.end(`HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n`);
-    }
-    end(err.message);
+    },
   });
-  socket.once("error", () => end());
-  upstream.once("close", () => socket.end());
-  socket.once("close", () => upstream.destroy());
   callbacks.inc({ outcome: "tunnel" });
 }

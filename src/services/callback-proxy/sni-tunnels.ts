@@ -5,6 +5,7 @@ import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { CallplaneError } from "../../lib/errors.js";
 import { rawProblem } from "../../lib/http.js";
 import { SOCKET_BUFFER_BYTES, cidrContains, undashIp } from "../../lib/net.js";
+import { splice } from "../../lib/splice.js";
 import { checkPodIdentity, type Outcome, type ProxyContext } from "./context.js";
 
 /** The grpc-proxy pod a server name `<dashed-ip>.<workerDomain>` names, or undefined for other names. */
@@ -86,10 +87,6 @@ export function routeGrpc(ctx: ProxyContext, socket: TLSSocket, label: string, s
     return;
   }
   const podName = `${label}.grpc-headless.${opts.serviceDomain}`;
-  let up = 0;
-  let down = 0;
-  let connected = false;
-  socket.pause();
   const pod = tlsConnect({
     host: ip,
     port: opts.grpcPodPort,
@@ -98,67 +95,55 @@ export function routeGrpc(ctx: ProxyContext, socket: TLSSocket, label: string, s
     rejectUnauthorized: true,
     checkServerIdentity: checkPodIdentity,
     ALPNProtocols: ["http/1.1"],
-    timeout: opts.timeouts.connectMs,
     ...({ highWaterMark: SOCKET_BUFFER_BYTES } as object),
   });
-  const end = (reason?: string) => {
-    pod.destroy();
-    socket.destroy();
-    tunnelLog(ctx, socket, {
-      target: podName,
-      status: connected ? 200 : 502,
-      outcome: connected ? "grpc_tunnel" : "upstream_error",
-      ...(reason ? { reason } : {}),
-      bytesIn: up,
-      bytesOut: down,
-      durationMs: Math.round(performance.now() - started),
-    });
-  };
-  pod.once("secureConnect", () => {
-    connected = true;
-    callbacks.inc({ outcome: "grpc_tunnel" });
-    pod.setTimeout(0);
-    pod.setNoDelay(true);
-    socket.setNoDelay(true);
-    pod.on("data", (d: Buffer) => (down += d.length));
-    socket.on("data", (d: Buffer) => (up += d.length));
-    pod.pipe(socket);
-    socket.pipe(pod);
-    socket.resume();
-  });
-  pod.once("timeout", () => {
-    if (!connected) {
-      callbacks.inc({ outcome: "upstream_timeout" });
-      socket.end(
-        rawProblem(
+  let why: string | undefined;
+  splice(socket, pod, {
+    connectTimeoutMs: opts.timeouts.connectMs,
+    onReady: () => {
+      callbacks.inc({ outcome: "grpc_tunnel" });
+      pod.setNoDelay(true);
+      socket.setNoDelay(true);
+    },
+    failureAnswer: (f) => {
+      if (f.connected) return undefined;
+      if (f.cause === "connect-timeout") {
+        callbacks.inc({ outcome: "upstream_timeout" });
+        return rawProblem(
           new CallplaneError(
             "UPSTREAM_TIMEOUT",
             `connecting to ${podName} (${ip}:${opts.grpcPodPort}) timed out; the worker should give up on this session`,
           ),
-        ),
-      );
-      end("connect timeout");
-    }
-  });
-  pod.once("error", (err: NodeJS.ErrnoException) => {
-    if (!connected) {
+        );
+      }
       callbacks.inc({ outcome: "upstream_error" });
-      const why =
+      const err = f.error as NodeJS.ErrnoException;
+      why =
         err.code === "ECONNREFUSED"
           ? `nothing listens at ${ip}:${opts.grpcPodPort} (the grpc-proxy pod ${podName} is gone or not ready)`
           : `the TLS session to ${podName} failed: ${err.message}`;
-      socket.end(
-        rawProblem(
-          new CallplaneError("UPSTREAM_UNAVAILABLE", `${why}; the worker should give up on this session`),
-        ),
+      return rawProblem(
+        new CallplaneError("UPSTREAM_UNAVAILABLE", `${why}; the worker should give up on this session`),
       );
-      const reason = why;
-      socket.once("finish", () => end(reason));
-      return;
-    }
-    end(err.message);
+    },
+    onEnd: (e) => {
+      // a tunnel that one side closed cleanly is not logged
+      if (e.cause === "closed") return;
+      const reason =
+        e.cause === "connect-timeout"
+          ? "connect timeout"
+          : e.cause === "upstream-error"
+            ? (why ?? e.error?.message)
+            : undefined;
+      tunnelLog(ctx, socket, {
+        target: podName,
+        status: e.connected ? 200 : 502,
+        outcome: e.connected ? "grpc_tunnel" : "upstream_error",
+        ...(reason ? { reason } : {}),
+        bytesIn: e.bytesUp,
+        bytesOut: e.bytesDown,
+        durationMs: Math.round(performance.now() - started),
+      });
+    },
   });
-  socket.on("error", () => end());
-  pod.once("close", () => socket.end());
-  socket.once("close", () => pod.destroy());
 }
