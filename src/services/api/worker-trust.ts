@@ -8,7 +8,7 @@
 //   answers RFC 7662 introspection, revokes it when the instance is terminated and closes the NATS
 //   connections that logged in with it;
 // - the auth callout's webhook (POST /v2/nvcf/webhook/nats-auth): a worker token in, the user and
-//   permissions of one function version out.
+//   permissions of one function version out (the token is checked by introspect() here).
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "../../lib/log.js";
 import { NATS_ACCOUNTS, type NatsAccess } from "../../lib/nats-auth.js";

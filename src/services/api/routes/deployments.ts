@@ -1,6 +1,6 @@
 // Deployments (contract §5.2): deploy a function version, read, change and undeploy it; and the
-// internal list of desired deployments the compute agent syncs from. Every path that learns of a
-// deployed version also makes sure its work queue exists.
+// internal list of desired deployments the compute agent syncs from. Deploying, and every sync,
+// also make sure the version's work queue exists.
 import { randomUUID } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
 import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
