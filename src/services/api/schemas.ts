@@ -1,10 +1,9 @@
-// Request bodies of the control-plane API, as the NVCF contract shapes them (§5.1, §5.2, §5.4).
+// Request bodies of the control-plane API, as the NVCF contract shapes them (§5.1 to §5.4).
 // Unknown fields are refused; fields of the NVCF contract that callplane does not implement are
 // refused by name, so nothing a client sends is silently ignored.
 import { z } from "zod";
 import { CallplaneError } from "../../lib/errors.js";
 import { SCOPES } from "../../lib/auth.js";
-import { secretList } from "./secrets/routes.js";
 
 const NOT_SUPPORTED = [
   "models",
@@ -53,6 +52,40 @@ const functionFields = {
   functionType: z.enum(["DEFAULT", "STREAMING", "LLM"]).default("DEFAULT"),
   apiBodyFormat: z.enum(["CUSTOM", "PREDICT_V2"]).default("CUSTOM"),
 };
+
+export const SECRET_NAME = /^[a-zA-Z0-9][a-zA-Z0-9_.-]*$/;
+export const MAX_SECRET_VALUE_CHARS = 32_768;
+
+const secretValue = z.union([z.string(), z.record(z.string(), z.unknown())], {
+  message: "must be a string or a JSON object",
+});
+
+/** One NVCF secret, `{name, value}`; the messages never quote a value. */
+export const secretEntry = z.strictObject({
+  name: z
+    .string({ message: "must be a string" })
+    .min(1, "must not be empty")
+    .max(48, "must be at most 48 characters")
+    .regex(SECRET_NAME, "must start with a letter or digit and hold only letters, digits, _ . and -"),
+  value: secretValue.superRefine((v, ctx) => {
+    const text = typeof v === "string" ? v : JSON.stringify(v);
+    if (text.trim().length === 0) ctx.addIssue({ code: "custom", message: "must not be empty" });
+    if (text.length > MAX_SECRET_VALUE_CHARS)
+      ctx.addIssue({ code: "custom", message: `must be at most ${MAX_SECRET_VALUE_CHARS} characters` });
+  }),
+});
+
+export const secretList = z
+  .array(secretEntry)
+  .max(128, "at most 128 secrets at once")
+  .superRefine((list, ctx) => {
+    const seen = new Set<string>();
+    for (const [i, s] of list.entries()) {
+      if (seen.has(s.name))
+        ctx.addIssue({ code: "custom", path: [i, "name"], message: `"${s.name}" is given twice` });
+      seen.add(s.name);
+    }
+  });
 
 export const functionName = z
   .string()
@@ -132,6 +165,22 @@ export const createKeySchema = z.strictObject({
     })
     .optional(),
   audience_service_ids: z.array(z.string()).optional(),
+});
+
+// ---- secrets (contract §5.3) and the admin endpoints that rotate their keys
+export const updateSecretsSchema = z.strictObject({
+  secrets: secretList.refine((l) => l.length > 0, "must hold at least one secret"),
+});
+
+export const rotateMekSchema = z.strictObject({ keyId: z.string().min(1).max(255).optional() });
+export const rotateNekSchema = z.strictObject({
+  functionId: z
+    .string()
+    .regex(
+      /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i,
+      "must be a function id (a UUID)",
+    )
+    .optional(),
 });
 
 /** Parses a body against a schema, turning every problem into one VALIDATION_FAILED that names each field. */

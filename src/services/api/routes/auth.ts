@@ -1,0 +1,128 @@
+// Who is calling the API: a service token of one of callplane's own services (`cps-…`), a signed
+// admin token (a JWT from the stack's admin key or, while it is on, the admin token issuer's), or
+// an API key; and whether that caller may do what the route does.
+import type { IncomingMessage } from "node:http";
+import {
+  ADMIN_ISSUER,
+  SERVICE_SCOPES,
+  STACK_ADMIN_ISSUER,
+  constantTimeEqualHex,
+  createAdminTokenVerifier,
+  looksLikeJwt,
+  requireScope,
+  sha256Hex,
+  type AdminTokenVerifier,
+  type Principal,
+  type ServiceName,
+} from "../../../lib/auth.js";
+import { CallplaneError } from "../../../lib/errors.js";
+import { bearerToken } from "../../../lib/http.js";
+import type { Store } from "../store/types.js";
+
+export interface ApiAuthOptions {
+  store: Store;
+  /** The stack's admin key (auth.adminPublicKeyFile): tokens with `iss` callplane-admin. */
+  adminPublicKeyPem: string;
+  /** The admin token issuer's own key, given only while the issuer is enabled. */
+  adminIssuerPublicKeyPem?: string | undefined;
+  /** Token values of callplane's own services, by service. */
+  serviceTokens: Partial<Record<ServiceName, string>>;
+}
+
+export class ApiAuth {
+  /** Whether tokens the admin token issuer signed (`iss` callplane-admin-issuer) are accepted. */
+  readonly issuerTokensAccepted: boolean;
+  private readonly store: Store;
+  private readonly serviceHashes: Array<{ name: ServiceName; hash: string }>;
+  private readonly verifier: Promise<AdminTokenVerifier>;
+
+  constructor(opts: ApiAuthOptions) {
+    this.store = opts.store;
+    this.serviceHashes = Object.entries(opts.serviceTokens).map(([name, token]) => ({
+      name: name as ServiceName,
+      hash: sha256Hex(token),
+    }));
+    const issuerOn = opts.adminIssuerPublicKeyPem !== undefined;
+    this.issuerTokensAccepted = issuerOn;
+    this.verifier = createAdminTokenVerifier(
+      [
+        { issuer: STACK_ADMIN_ISSUER, publicKeyPem: opts.adminPublicKeyPem },
+        ...(issuerOn ? [{ issuer: ADMIN_ISSUER, publicKeyPem: opts.adminIssuerPublicKeyPem! }] : []),
+      ],
+      issuerOn
+        ? {}
+        : {
+            [ADMIN_ISSUER]:
+              "this admin token comes from the admin token issuer, which is turned off (adminIssuerProxy.enabled: false), so the API no longer accepts its tokens; " +
+              "use a token from your identity provider (CALLPLANE_TOKEN, or `token:` in the CLI config file), or mint one with `callplane admin token`",
+          },
+    );
+    // Avoid an unhandled rejection before the first request if the key is bad; ready() awaits it too.
+    this.verifier.catch(() => undefined);
+  }
+
+  /** Resolves once the admin keys are imported; rejects if one is bad (listen() awaits it). */
+  async ready(): Promise<void> {
+    await this.verifier;
+  }
+
+  async apiKeyPrincipal(token: string): Promise<Principal & { kind: "apikey" }> {
+    const k = await this.store.getApiKeyByHash(sha256Hex(token));
+    if (!k)
+      throw new CallplaneError(
+        "TOKEN_INVALID",
+        "the API key is not known; create one with `callplane key create`",
+      );
+    if (k.revokedAt)
+      throw new CallplaneError("TOKEN_INVALID", `the API key ${k.keyId} was revoked at ${k.revokedAt}`);
+    if (Date.parse(k.expiresAt) <= Date.now())
+      throw new CallplaneError("TOKEN_EXPIRED", `the API key ${k.keyId} expired at ${k.expiresAt}`);
+    return {
+      kind: "apikey",
+      subject: k.ownerId,
+      keyId: k.keyId,
+      scopes: new Set(k.scopes),
+      expiresAt: new Date(k.expiresAt),
+    };
+  }
+
+  async authenticate(req: IncomingMessage): Promise<Principal> {
+    const token = bearerToken(req);
+    if (token.startsWith("cps-")) {
+      const h = sha256Hex(token);
+      const svc = this.serviceHashes.find((s) => constantTimeEqualHex(s.hash, h));
+      if (!svc) throw new CallplaneError("TOKEN_INVALID", "the service token is not known to this API");
+      return { kind: "service", subject: svc.name, scopes: new Set(SERVICE_SCOPES[svc.name]) };
+    }
+    if (looksLikeJwt(token)) {
+      const p = await (await this.verifier).verify(token);
+      // Internal scopes belong to callplane's own services only; a signed admin token that claims
+      // one is still not a service.
+      return { ...p, scopes: new Set([...p.scopes].filter((s) => !s.startsWith("internal:"))) };
+    }
+    return this.apiKeyPrincipal(token);
+  }
+
+  async authorize(req: IncomingMessage, scope: string): Promise<Principal> {
+    const p = await this.authenticate(req);
+    requireScope(p, scope);
+    return p;
+  }
+
+  async requireAdmin(
+    req: IncomingMessage,
+    what = "managing API keys",
+  ): Promise<Principal & { kind: "admin" }> {
+    const p = await this.authenticate(req);
+    if (p.kind !== "admin") {
+      throw new CallplaneError(
+        "FORBIDDEN_SCOPE",
+        `${what} needs an admin token (from \`callplane init\` or the admin issuer), not an API key`,
+        {
+          extra: { requiredScope: "admin token" },
+        },
+      );
+    }
+    return p;
+  }
+}
