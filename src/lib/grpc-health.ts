@@ -8,6 +8,7 @@ import {
   HealthCheckResponse_ServingStatus as Serving,
 } from "../gen/grpc/health/v1/health_pb.js";
 import { decodeGrpcMessage, frameGrpcMessage } from "./grpc.js";
+import { formatHostPort } from "./net.js";
 
 /** Resolves when the server says SERVING; rejects with what it said (or why it could not be asked). */
 export function grpcHealthCheck(
@@ -16,7 +17,7 @@ export function grpcHealthCheck(
   opts: { service?: string; timeoutMs: number; signal?: AbortSignal },
 ): Promise<void> {
   return new Promise((resolve, reject) => {
-    const authority = `${host.includes(":") ? `[${host}]` : host}:${port}`;
+    const authority = formatHostPort({ host, port });
     const session = connect(`http://${authority}`);
     const done = (err?: Error) => {
       clearTimeout(timer);

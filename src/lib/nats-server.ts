@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { natsServerAuthConfig, type Permissions } from "./nats-auth.js";
 import { natsNodes, natsServerAddresses, type NatsLayoutConfig } from "./nats-cluster.js";
-import type { HostPort } from "./net.js";
+import { formatHostPort, type HostPort } from "./net.js";
 
 export function natsServerBinary(configured?: string): string {
   // .tools/ in the checkout is where the bootstrap script puts the one it fetches
@@ -74,7 +74,7 @@ export function writeNatsServerConfig(
   mkdirSync(storeDir, { recursive: true });
   const configFile = join(dir, "nats-server.conf");
   const c = opts.cluster;
-  const hp = (a: HostPort) => (a.host.includes(":") ? `[${a.host}]:${a.port}` : `${a.host}:${a.port}`);
+  const hp = formatHostPort;
   const cluster = c
     ? [
         `cluster {`,

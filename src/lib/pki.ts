@@ -12,6 +12,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { isIPv4 } from "node:net";
 import { join } from "node:path";
 import { writeFileAtomic } from "./auth.js";
+import { podHost } from "./pod-address.js";
 
 x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
 
@@ -294,7 +295,7 @@ export function stackCertificates(opts: {
       out.push({
         name: `invocation ${ip}`,
         folder: invocationCertFolder(opts.pkiDir, ip),
-        dnsNames: [`${ip.replaceAll(".", "-")}.invocation.${opts.serviceDomain}`],
+        dnsNames: [podHost(ip, "invocation", opts.serviceDomain)],
       });
     }
   }
@@ -302,7 +303,7 @@ export function stackCertificates(opts: {
     out.push({
       name: `grpc-proxy ${ip}`,
       folder: grpcProxyCertFolder(opts.pkiDir, ip),
-      dnsNames: [`${ip.replaceAll(".", "-")}.grpc-headless.${opts.serviceDomain}`],
+      dnsNames: [podHost(ip, "grpc", opts.serviceDomain)],
     });
   }
   return out;

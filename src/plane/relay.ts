@@ -10,9 +10,9 @@ import { forward, forwardHeaders } from "../lib/forward.js";
 import { holderHex } from "../lib/ids.js";
 import type { Logger } from "../lib/log.js";
 import type { ReplicaRegistry } from "./registry.js";
+import { ATTACH_PATH } from "../lib/contract.js";
 
 export const RELAYED_HEADER = "x-callplane-relayed";
-export const ATTACH_PATH = "/v2/nvcf/worker/request-attach";
 const PROTECTED = new Set(["authorization", "content-type", "content-length", "accept"]);
 const DROP = new Set(["host", RELAYED_HEADER]);
 

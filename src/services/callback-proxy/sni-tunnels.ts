@@ -7,6 +7,7 @@ import { rawProblem } from "../../lib/http.js";
 import { SOCKET_BUFFER_BYTES, cidrContains, undashIp } from "../../lib/net.js";
 import { splice } from "../../lib/splice.js";
 import { checkPodIdentity, type Outcome, type ProxyContext } from "./context.js";
+import { podHost } from "../../lib/pod-address.js";
 
 /** The grpc-proxy pod a server name `<dashed-ip>.<workerDomain>` names, or undefined for other names. */
 export function grpcPod(
@@ -86,7 +87,7 @@ export function routeGrpc(ctx: ProxyContext, socket: TLSSocket, label: string, s
     );
     return;
   }
-  const podName = `${label}.grpc-headless.${opts.serviceDomain}`;
+  const podName = podHost(ip, "grpc", opts.serviceDomain);
   const pod = tlsConnect({
     host: ip,
     port: opts.grpcPodPort,

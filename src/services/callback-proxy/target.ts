@@ -4,9 +4,9 @@
 // whose path is exactly the callback path. The pod's address is parsed out of the name itself; no
 // DNS is ever asked, so there is nothing to rebind.
 import { CallplaneError } from "../../lib/errors.js";
-import { cidrContains, undashIp, type Cidr } from "../../lib/net.js";
-
-export const CALLBACK_PATH = "/v2/nvcf/worker/request-attach";
+import { cidrContains, type Cidr } from "../../lib/net.js";
+import { ATTACH_PATH } from "../../lib/contract.js";
+import { podIpOf } from "../../lib/pod-address.js";
 
 export interface TargetRules {
   serviceDomain: string;
@@ -34,9 +34,7 @@ export function checkAuthority(authority: string, rules: TargetRules): PodTarget
     );
   const host = m[1].toLowerCase();
   const port = Number(m[2]);
-  const suffix = `.invocation.${rules.serviceDomain}`;
-  const label = host.endsWith(suffix) ? host.slice(0, -suffix.length) : undefined;
-  const ip = label === undefined || label.includes(".") ? undefined : undashIp(label);
+  const ip = podIpOf(host, "invocation", rules.serviceDomain);
   if (!ip) {
     throw new CallplaneError(
       "PROXY_TARGET_INVALID",
@@ -65,20 +63,20 @@ export function checkTarget(rawUrl: string, rules: TargetRules): PodTarget & { p
   const m = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*)([^?#]*)(\?[^#]*)?(#.*)?$/.exec(rawUrl);
   if (!m) {
     if (rawUrl.startsWith("/")) {
-      if (rawUrl.split("?")[0] !== CALLBACK_PATH)
-        throw new CallplaneError("NOT_FOUND", `only ${CALLBACK_PATH} is forwarded`);
+      if (rawUrl.split("?")[0] !== ATTACH_PATH)
+        throw new CallplaneError("NOT_FOUND", `only ${ATTACH_PATH} is forwarded`);
       throw new CallplaneError(
         "PROXY_TARGET_INVALID",
-        `send a forward-proxy request with an absolute-form target (POST http://<dashed-ip>.invocation.${rules.serviceDomain}:${rules.port}${CALLBACK_PATH}), not an origin-form path`,
+        `send a forward-proxy request with an absolute-form target (POST http://<dashed-ip>.invocation.${rules.serviceDomain}:${rules.port}${ATTACH_PATH}), not an origin-form path`,
       );
     }
     throw new CallplaneError("PROXY_TARGET_INVALID", "the request target is not an absolute URI");
   }
   const [, scheme, authority, path, query, fragment] = m;
-  if (path !== CALLBACK_PATH)
+  if (path !== ATTACH_PATH)
     throw new CallplaneError(
       "NOT_FOUND",
-      `only ${CALLBACK_PATH} is forwarded, not ${JSON.stringify(path.slice(0, 100) || "/")}`,
+      `only ${ATTACH_PATH} is forwarded, not ${JSON.stringify(path.slice(0, 100) || "/")}`,
     );
   if (query !== undefined || fragment !== undefined)
     throw new CallplaneError("PROXY_TARGET_INVALID", "the callback target takes no query or fragment");

@@ -22,6 +22,7 @@ import type { GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
 import { CLEAR_SESSION_COOKIE, resumeIdOf, sessionCookie, type SessionTable } from "./sessions.js";
 import type { ProxyState } from "./state.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
 
 /** Request headers that end here: the API key, and the session routing that only this hop reads. */
 const DROP_UPSTREAM = new Set(["authorization", "cookie"]);
@@ -83,7 +84,7 @@ export class Calls {
     session: Session,
     tunnel: ClientHttp2Session,
   ): Promise<void> {
-    const extra: Record<string, string> = { "nvcf-reqid": session.requestId };
+    const extra: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
     if (!session.cookieSent) {
       session.cookieSent = true;
       extra["set-cookie"] = sessionCookie(session.requestId);
@@ -93,7 +94,7 @@ export class Calls {
       headers,
       !!(flags & h2.NGHTTP2_FLAG_END_STREAM),
       tunnel,
-      nextHopRequestHeaders(headers, DROP_UPSTREAM, { "nvcf-reqid": session.requestId }),
+      nextHopRequestHeaders(headers, DROP_UPSTREAM, { [NVCF_HEADERS.reqId]: session.requestId }),
       {
         responseHeaders: extra,
         failure: (code, gone) => ({
@@ -125,7 +126,7 @@ export class Calls {
       logger.info({ requestId: session?.requestId, code: e.code, reason: e.message }, "call refused");
     this.deps.metrics.calls.inc({ outcome: e.code === "CLIENT_GONE" ? "client_gone" : "refused" });
     const extra: Record<string, string> = {
-      "nvcf-reqid": session?.requestId ?? newRequestId(this.deps.holderId),
+      [NVCF_HEADERS.reqId]: session?.requestId ?? newRequestId(this.deps.holderId),
     };
     if (e.code === "SESSION_NOT_FOUND") extra["set-cookie"] = CLEAR_SESSION_COOKIE;
     refuseStream(

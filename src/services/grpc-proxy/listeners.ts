@@ -12,7 +12,7 @@ import {
   type ServerHttp2Session,
   type ServerHttp2Stream,
 } from "node:http2";
-import { isIPv4, type Socket } from "node:net";
+import type { Socket } from "node:net";
 import { H2_SESSION_OPTIONS, widenWindow } from "../../lib/h2-forward.js";
 import { Router, createHttpService, type HttpService } from "../../lib/http.js";
 import type { Logger } from "../../lib/log.js";
@@ -24,6 +24,7 @@ import type { Calls } from "./calls.js";
 import type { GrpcProxyOptions } from "./options.js";
 import type { ProxyState } from "./state.js";
 import { CONNECT_PATH, type Tunnels } from "./tunnels.js";
+import { ownPodIp, podHost } from "../../lib/pod-address.js";
 
 interface ListenerContext {
   logger: Logger;
@@ -187,13 +188,11 @@ export function connectUriFor(
   connectPort: string,
 ): string {
   if (opts.sharedConnectUrl) return opts.sharedConnectUrl;
-  if (!isIPv4(opts.listen.host) || opts.listen.host === "0.0.0.0")
-    throw new Error(
-      `cannot build the pod address from listen host ${opts.listen.host}: listen on the pod's IPv4 address (POD_IP) or set grpcproxy.workerConnectBaseURL`,
-    );
+  const ip = ownPodIp(opts.listen.host, "grpcproxy.workerConnectBaseURL");
+  // through the proxy the server name alone routes the tunnel: <dashed-ip>.<workerDomain>
   return opts.callbackProxy
-    ? `https://${dashIp(opts.listen.host)}.${opts.callbackProxy.workerDomain}:${opts.callbackProxy.port}${CONNECT_PATH}`
-    : `http://${dashIp(opts.listen.host)}.grpc-headless.${opts.serviceDomain}:${connectPort}${CONNECT_PATH}`;
+    ? `https://${dashIp(ip)}.${opts.callbackProxy.workerDomain}:${opts.callbackProxy.port}${CONNECT_PATH}`
+    : `http://${podHost(ip, "grpc", opts.serviceDomain)}:${connectPort}${CONNECT_PATH}`;
 }
 
 function listenOn(

@@ -20,12 +20,13 @@ import { cookieValue, first } from "./metadata.js";
 import type { GrpcProxyMetrics } from "./metrics.js";
 import { Session } from "./session.js";
 import type { ProxyState } from "./state.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
 
 export const SESSION_COOKIE = "nvcf-request-id";
 
 /** The session a call names: its nvcf-reqid metadata, else the session cookie; undefined for none. */
 export function resumeIdOf(headers: IncomingHttpHeaders): string | undefined {
-  return first(headers["nvcf-reqid"]) ?? cookieValue(headers.cookie, SESSION_COOKIE);
+  return first(headers[NVCF_HEADERS.reqId]) ?? cookieValue(headers.cookie, SESSION_COOKIE);
 }
 
 /** The cookie the first answer of a session carries, so that a client that keeps cookies resumes it. */

@@ -12,9 +12,10 @@ import { RELAYED_HEADER } from "../../plane/relay.js";
 import { tokenHolder } from "../../plane/tokens.js";
 import { purgePollRecord, writePollRecord } from "./poll.js";
 import type { AttachKind, Pending, ReplicaState } from "./state.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
 
 /** The replica sets these on the client's answer itself; the worker's copies are dropped. */
-const OWN_RESPONSE_HEADERS = new Set(["nvcf-reqid", "nvcf-status"]);
+const OWN_RESPONSE_HEADERS = new Set([NVCF_HEADERS.reqId, NVCF_HEADERS.status]);
 
 function nvcfStatus(status: number): string {
   if (status === 202) return "in-progress";
@@ -33,7 +34,7 @@ export async function attachRequest(replica: ReplicaState, ctx: RequestContext):
     throw new CallplaneError("CLIENT_GONE", `the client of request ${p.requestId} went away`);
   }
   attaches.inc({ kind: "request", result: "ok" });
-  res.writeHead(200, { "content-type": "application/octet-stream", "nvcf-reqid": p.requestId });
+  res.writeHead(200, { "content-type": "application/octet-stream", [NVCF_HEADERS.reqId]: p.requestId });
   if (p.leftover) res.write(p.leftover);
   p.leftover = undefined;
   p.bodyStreaming = true;
@@ -138,9 +139,9 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
   }
   const client = p.clientRes;
   const headers: OutgoingHttpHeaders = foldPairs(endToEndPairs(head.headers, { drop: OWN_RESPONSE_HEADERS }));
-  headers["nvcf-reqid"] = p.requestId;
-  headers["nvcf-status"] = nvcfStatus(head.status);
-  headers["access-control-expose-headers"] = "nvcf-reqid";
+  headers[NVCF_HEADERS.reqId] = p.requestId;
+  headers[NVCF_HEADERS.status] = nvcfStatus(head.status);
+  headers["access-control-expose-headers"] = NVCF_HEADERS.reqId;
   await keepPollRecord(replica, p, req, head.status);
   replica.metrics.firstByte.observe((Date.now() - p.started) / 1000);
   replica.metrics.invocations.inc({ outcome: "answered" });
@@ -206,7 +207,7 @@ async function keepPollRecord(
           { cause: err, extra: { requestId: p.requestId } },
         ),
         replica.logger,
-        { "nvcf-reqid": p.requestId },
+        { [NVCF_HEADERS.reqId]: p.requestId },
       );
       replica.cancel(p, "poll record not written");
       replica.release(p);
@@ -275,7 +276,7 @@ function failClient(replica: ReplicaState, p: Pending, why: string): void {
       { extra: { requestId: p.requestId } },
     ),
     replica.logger,
-    { "nvcf-reqid": p.requestId },
+    { [NVCF_HEADERS.reqId]: p.requestId },
   );
   replica.release(p);
 }

@@ -14,13 +14,14 @@ import { isUuid, newRequestId } from "../../lib/ids.js";
 import { readPrefix } from "../../lib/stream.js";
 import type { Grant } from "../../plane/auth-cache.js";
 import type { Pending, ReplicaState } from "./state.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
 
 const MAX_DIRECT_RESPONSE = 5 * 1024 * 1024;
 // Expect: this replica already answered it; the worker has the whole body to send
 const DROP_TO_WORKER = new Set([
   "authorization",
   "host",
-  "nvcf-poll-seconds",
+  NVCF_HEADERS.pollSeconds,
   "nvcf-invocation-region",
   "expect",
 ]);
@@ -109,7 +110,7 @@ export async function invoke(
 /** The poll window (NVCF-POLL-SECONDS, or the default for the kind of request), in seconds. */
 export function pollWindow(replica: ReplicaState, req: IncomingMessage): number {
   const poll = replica.poll;
-  const raw = req.headers["nvcf-poll-seconds"];
+  const raw = req.headers[NVCF_HEADERS.pollSeconds];
   const streaming = req.headers.accept === "text/event-stream";
   if (raw === undefined) return streaming ? poll.streamingDefaultSeconds : poll.defaultSeconds;
   const text = Array.isArray(raw) ? raw[0] : raw;
@@ -220,7 +221,7 @@ function windowEnded(replica: ReplicaState, p: Pending, windowSeconds: number): 
       { extra: { requestId: p.requestId } },
     ),
     replica.logger,
-    { "nvcf-reqid": p.requestId },
+    { [NVCF_HEADERS.reqId]: p.requestId },
   );
   replica.cancel(p, "window ended");
   replica.release(p);

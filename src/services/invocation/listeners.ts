@@ -3,16 +3,17 @@
 // through the callback proxy (its certificate reloaded when the files change), and the pod address
 // that tells workers where to call back.
 import type { Server as HttpsServer } from "node:https";
-import { isIPv4 } from "node:net";
 import { Router, createHttpService, type HttpService } from "../../lib/http.js";
 import { createRegistry } from "../../lib/metrics.js";
-import { dashIp, type HostPort } from "../../lib/net.js";
+import type { HostPort } from "../../lib/net.js";
 import { TlsReloader } from "../../lib/tls-reload.js";
 import { attachRequest, attachResponse } from "./attach.js";
 import { invoke } from "./invoke.js";
 import type { InvocationServiceOptions } from "./options.js";
 import { pollStatus } from "./poll.js";
 import type { ReplicaState } from "./state.js";
+import { ATTACH_PATH } from "../../lib/contract.js";
+import { ownPodIp, podHost } from "../../lib/pod-address.js";
 
 /** The clients' routes, and the workers' attach routes (taken while draining). */
 export function clientRouter(replica: ReplicaState): Router {
@@ -22,8 +23,8 @@ export function clientRouter(replica: ReplicaState): Router {
       invoke(replica, ctx, ctx.params.fid, ctx.params.vid),
     )
     .add("GET", "/v2/nvcf/pexec/status/:requestId", (ctx) => pollStatus(replica, ctx))
-    .add("GET", "/v2/nvcf/worker/request-attach", (ctx) => attachRequest(replica, ctx), { duringDrain: true })
-    .add("POST", "/v2/nvcf/worker/request-attach", (ctx) => attachResponse(replica, ctx), {
+    .add("GET", ATTACH_PATH, (ctx) => attachRequest(replica, ctx), { duringDrain: true })
+    .add("POST", ATTACH_PATH, (ctx) => attachResponse(replica, ctx), {
       duringDrain: true,
     });
 }
@@ -32,8 +33,8 @@ export function clientRouter(replica: ReplicaState): Router {
 // nothing but the attach routes (and /health).
 export function workerRouter(replica: ReplicaState): Router {
   return new Router()
-    .add("GET", "/v2/nvcf/worker/request-attach", (ctx) => attachRequest(replica, ctx), { duringDrain: true })
-    .add("POST", "/v2/nvcf/worker/request-attach", (ctx) => attachResponse(replica, ctx), {
+    .add("GET", ATTACH_PATH, (ctx) => attachRequest(replica, ctx), { duringDrain: true })
+    .add("POST", ATTACH_PATH, (ctx) => attachResponse(replica, ctx), {
       duringDrain: true,
     });
 }
@@ -104,13 +105,8 @@ export class WorkerTlsListener {
 /** The callback target handed to workers: the pod address (or the configured self address). */
 export function podAddress(opts: InvocationServiceOptions, url: URL, tlsUrl: URL | undefined): string {
   if (opts.selfAddress) return opts.selfAddress.replace(/\/+$/, "");
-  if (!isIPv4(opts.listen.host) || opts.listen.host === "0.0.0.0") {
-    throw new Error(
-      `cannot build the pod address from listen host ${opts.listen.host}: listen on the pod's IPv4 address (POD_IP) or set invocation.selfAddress`,
-    );
-  }
   const port = opts.callbackPort ?? (tlsUrl ? tlsUrl.port : url.port);
   // the scheme stays http even with TLS to the pod: the worker never dials the pod itself, it
   // sends a forward-proxy request to the callback proxy, which opens TLS to the pod
-  return `http://${dashIp(opts.listen.host)}.invocation.${opts.serviceDomain}:${port}`;
+  return `http://${podHost(ownPodIp(opts.listen.host, "invocation.selfAddress"), "invocation", opts.serviceDomain)}:${port}`;
 }

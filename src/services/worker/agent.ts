@@ -27,6 +27,7 @@ import type { WorkerConfig } from "./config.js";
 import { OutputSlot } from "./output-slot.js";
 import { StatefulSession } from "./stateful.js";
 import { WorkItem, type WorkOutcome } from "./work.js";
+import { formatHostPort } from "../../lib/net.js";
 
 export interface WorkerAgent {
   /** Starts health endpoints, waits for the inference server, then starts pulling work. */
@@ -88,7 +89,7 @@ export function createWorkerAgent(
     registers: [registry],
   });
   const inference = new Pool(
-    `http://${cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host}:${cfg.inference.port}`,
+    `http://${formatHostPort({ host: cfg.inference.host, port: cfg.inference.port })}`,
     {
       connections: cfg.concurrency + 2,
       // undici's default: inference servers often close idle connections after 5 s without saying
@@ -158,11 +159,11 @@ export function createWorkerAgent(
 
   async function waitForInference(): Promise<void> {
     const deadline = Date.now() + cfg.health.readyTimeoutMs;
-    const host = cfg.inference.host.includes(":") ? `[${cfg.inference.host}]` : cfg.inference.host;
+    const hostPort = formatHostPort({ host: cfg.inference.host, port: cfg.health.port });
     const url =
       cfg.health.protocol === "gRPC"
-        ? `grpc://${host}:${cfg.health.port} (grpc.health.v1.Health/Check)`
-        : `http://${host}:${cfg.health.port}${cfg.health.path}`;
+        ? `grpc://${hostPort} (grpc.health.v1.Health/Check)`
+        : `http://${hostPort}${cfg.health.path}`;
     let last = "";
     let delay = 100;
     while (!stopController.signal.aborted) {

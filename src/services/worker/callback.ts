@@ -7,8 +7,7 @@ import { Agent, type Dispatcher } from "undici";
 import { H1_CONTENT_TYPE } from "../../lib/h1.js";
 import { SOCKET_BUFFER_BYTES } from "../../lib/net.js";
 import type { LookupFunction } from "../../lib/pod-lookup.js";
-
-export const ATTACH_PATH = "/v2/nvcf/worker/request-attach";
+import { ATTACH_PATH } from "../../lib/contract.js";
 
 export interface CallbackTarget {
   /** http://<dashed-ip>.invocation.<domain>:<port> */

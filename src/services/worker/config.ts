@@ -3,7 +3,7 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { ConfigError } from "../../lib/config.js";
-import { parseHostPort } from "../../lib/net.js";
+import { formatHostPort, parseHostPort } from "../../lib/net.js";
 
 const int = (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
   z.coerce.number().int().min(min).max(max).default(def);
@@ -162,7 +162,7 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
   } catch (err) {
     throw new ConfigError("worker environment", [(err as Error).message]);
   }
-  parseHostPort(`${e.HEALTH_HOST.includes(":") ? `[${e.HEALTH_HOST}]` : e.HEALTH_HOST}:${e.HEALTH_PORT}`);
+  parseHostPort(formatHostPort({ host: e.HEALTH_HOST, port: Number(e.HEALTH_PORT) }));
   let natsAuth: WorkerConfig["natsAuth"];
   if (e.NKEY_SEED) natsAuth = { kind: "nkey", seed: e.NKEY_SEED };
   else if (e.NVCF_TOKEN_FILE_PATH) {

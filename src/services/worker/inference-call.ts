@@ -10,13 +10,14 @@ import { prepend } from "../../lib/stream.js";
 import type { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import type { OutputSlot } from "./output-slot.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
 
 export type WorkRequest = MessageShape<typeof WorkerInvokeFunctionRequestSchema>;
 
 /** Headers the worker sets itself; a client's copies are dropped (contract §3.5). */
 const WORKER_OWNED = new Set(
   [
-    "nvcf-reqid",
+    NVCF_HEADERS.reqId,
     "nvcf-sub",
     "nvcf-ncaid",
     "nvcf-function-name",
@@ -31,7 +32,7 @@ const WORKER_OWNED = new Set(
     "nvcf-region",
     "nvcf-env",
     "nvcf-function-asset-ids",
-    "nvcf-poll-seconds",
+    NVCF_HEADERS.pollSeconds,
     "host",
   ].map((h) => h),
 );
@@ -81,7 +82,7 @@ export function inferenceHeaders(call: InferenceCall): Record<string, string | s
     ).map((h) => [h.key, h.value] as const),
   );
   const remaining = Math.max(0, Math.floor((call.deadline - Date.now()) / 1000));
-  out["nvcf-reqid"] = req.requestId;
+  out[NVCF_HEADERS.reqId] = req.requestId;
   out["nvcf-sub"] = req.subject;
   out["nvcf-ncaid"] = req.ncaId || cfg.ncaId;
   out["nvcf-function-name"] = cfg.functionName;
@@ -91,7 +92,7 @@ export function inferenceHeaders(call: InferenceCall): Record<string, string | s
   out["nvcf-region"] = cfg.region;
   out["nvcf-backend"] = "callplane-local";
   out["nvcf-max-response-size-bytes"] = String(req.maxDirectResponseSizeBytes);
-  out["nvcf-poll-seconds"] = String(remaining);
+  out[NVCF_HEADERS.pollSeconds] = String(remaining);
   if (call.slot && call.compat) out["nvcf-large-output-dir"] = call.slot.dir;
   if (call.compat && out["content-type"] === undefined) out["content-type"] = "application/json";
   return out;

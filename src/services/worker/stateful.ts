@@ -31,6 +31,8 @@ import type { LookupFunction } from "../../lib/pod-lookup.js";
 import { subjects } from "../../lib/queue.js";
 import type { WorkerConfig } from "./config.js";
 import { openTunnel, type TunnelTarget } from "./tunnel.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
+import { formatHostPort } from "../../lib/net.js";
 
 type WorkRequest = MessageShape<typeof WorkerInvokeFunctionRequestSchema>;
 
@@ -152,7 +154,7 @@ export class StatefulSession {
   private inferenceSession(): ClientHttp2Session {
     if (this.inference && !this.inference.closed && !this.inference.destroyed) return this.inference;
     const { host, port } = this.deps.cfg.inference;
-    const s = h2connect(`http://${host.includes(":") ? `[${host}]` : host}:${port}`, {
+    const s = h2connect(`http://${formatHostPort({ host, port })}`, {
       ...H2_SESSION_OPTIONS,
       // small calls one at a time: no Nagle delay
       createConnection: () => netConnect({ host, port, noDelay: true }),
@@ -178,8 +180,8 @@ export class StatefulSession {
       !!(flags & 0x1),
       this.inferenceSession(),
       nextHopRequestHeaders(headers, new Set(), {
-        ":authority": `${host.includes(":") ? `[${host}]` : host}:${port}`,
-        "nvcf-reqid": this.req.requestId,
+        ":authority": formatHostPort({ host, port }),
+        [NVCF_HEADERS.reqId]: this.req.requestId,
         "nvcf-function-id": cfg.functionId,
         "nvcf-function-version-id": cfg.functionVersionId,
         "nvcf-ncaid": this.req.ncaId || cfg.ncaId,

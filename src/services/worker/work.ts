@@ -22,6 +22,7 @@ import { callInference, type WorkRequest } from "./inference-call.js";
 import type { OutputSlot } from "./output-slot.js";
 import { ProgressReport } from "./progress.js";
 import { ReplicaAnswer, type AnswerOutcome, type InferenceResult } from "./replica-answer.js";
+import { NVCF_HEADERS } from "../../lib/contract.js";
 
 const PROGRESS_CHECK_MS = 250;
 
@@ -71,7 +72,7 @@ export class WorkItem {
   ) {
     this.requestId = req.requestId;
     const headers = new Map(req.requestHeaders.map((h) => [h.key.toLowerCase(), h.value]));
-    const poll = Number(headers.get("nvcf-poll-seconds"));
+    const poll = Number(headers.get(NVCF_HEADERS.pollSeconds));
     this.pollSeconds = Number.isFinite(poll) && poll > 0 ? poll : 60;
     this.compat = headers.get("accept") !== "text/event-stream";
     const requestTime = req.requestTime ? timestampMs(req.requestTime) : Date.now();
@@ -258,7 +259,7 @@ export class WorkItem {
           proxyUri: cfg.value.proxyURI,
         };
         const seconds = Number(
-          poll.requestHeaders.find((h) => h.key.toLowerCase() === "nvcf-poll-seconds")?.value,
+          poll.requestHeaders.find((h) => h.key.toLowerCase() === NVCF_HEADERS.pollSeconds)?.value,
         );
         const pollTime = poll.requestTime ? timestampMs(poll.requestTime) : Date.now();
         this.deadline = pollTime + (Number.isFinite(seconds) && seconds > 0 ? seconds : 60) * 1000;
