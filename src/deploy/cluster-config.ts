@@ -13,8 +13,7 @@
 import { isIP } from "node:net";
 import type { Config } from "../lib/config.js";
 import { cidrContains, parseCidr, parseHostPort } from "../lib/net.js";
-import { MOUNTS, SERVICES, WORKLOADS, type Workload } from "./layout.js";
-import { NATS_CLUSTER_SIZE } from "./nats.js";
+import { MOUNTS, NATS_CLUSTER_SIZE, SERVICES, WORKLOADS, type Workload } from "./layout.js";
 
 export type RawDocument = Record<string, unknown>;
 
