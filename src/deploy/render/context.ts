@@ -4,7 +4,7 @@
 // Each component module is a function of this context (see index.ts for the order they run in).
 import { createHash } from "node:crypto";
 import { stringify } from "yaml";
-import type { Config } from "../../lib/config.js";
+import type { Config } from "../../lib/config/index.js";
 import type { ClusterPlan } from "../cluster-config.js";
 import { MANAGED_BY, PART_OF, type Workload } from "../layout.js";
 import { SecretRegistry } from "./secrets.js";

@@ -5,7 +5,7 @@
 import { basename } from "node:path";
 import type { IContainer, IEnvVar, IPodSpec, IProbe, IVolume, IVolumeMount } from "kubernetes-models/v1";
 import type { ServiceName } from "../../lib/auth.js";
-import type { Config } from "../../lib/config.js";
+import type { Config } from "../../lib/config/index.js";
 import { KEY_FILES, type NatsServiceRole } from "../../lib/nats-auth.js";
 import { podAnnotationsOf } from "../cluster-config.js";
 import { APP_DIR, MOUNTS, SECRETS, TLS_SECRETS, type Workload } from "../layout.js";

@@ -1,6 +1,6 @@
 // What a render takes and gives back: the shapes the CLI, validate.ts and the tests see, whichever
 // component module made the objects.
-import type { Config } from "../../lib/config.js";
+import type { Config } from "../../lib/config/index.js";
 import type { RawDocument } from "../cluster-config.js";
 
 /** What every rendered object offers, whichever models package made it. */

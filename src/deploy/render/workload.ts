@@ -4,7 +4,7 @@ import { Deployment } from "kubernetes-models/apps/v1";
 import { HorizontalPodAutoscaler } from "kubernetes-models/autoscaling/v2";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
 import { Service, ServiceAccount, type IPodSpec } from "kubernetes-models/v1";
-import type { Config } from "../../lib/config.js";
+import type { Config } from "../../lib/config/index.js";
 import type { Workload } from "../layout.js";
 import type { RenderContext } from "./context.js";
 import { podAnnotations } from "./pod.js";
