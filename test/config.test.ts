@@ -14,7 +14,7 @@ import {
   localNatsClusterProblems,
   localPodNetworkProblems,
   type ConfigInput,
-} from "../src/lib/config.js";
+} from "../src/lib/config/index.js";
 import { POD_DATABASE_URL } from "../src/deploy/index.js";
 import { distRoot, tmpDir } from "./testkit/index.js";
 

@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { configSchema, loadConfig } from "../src/lib/config.js";
+import { configSchema, loadConfig } from "../src/lib/config/index.js";
 import { ERROR_CODES, GRPC_STATUS, problemType, type ErrorCode } from "../src/lib/errors.js";
 import { GRPC } from "../src/lib/grpc.js";
 

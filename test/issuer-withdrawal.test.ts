@@ -13,7 +13,7 @@ import {
   ensureAdminKeyPair,
   ensureServiceTokens,
 } from "../src/lib/auth.js";
-import { loadConfig } from "../src/lib/config.js";
+import { loadConfig } from "../src/lib/config/index.js";
 import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
 import { LocalStack } from "../src/stack/stack.js";
 import {

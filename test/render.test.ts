@@ -11,11 +11,11 @@ import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { stringify } from "yaml";
 import { Deployment } from "kubernetes-models/apps/v1";
-import { ConfigError } from "../src/lib/config.js";
+import { ConfigError } from "../src/lib/config/index.js";
 import { natsServerBinary } from "../src/lib/nats-server.js";
 import { createCa, issueServerCert } from "../src/lib/pki.js";
 import { RenderError, renderFile, writeRendered } from "../src/deploy/index.js";
-import type { K8sObject, RenderResult } from "../src/deploy/render.js";
+import type { K8sObject, RenderResult } from "../src/deploy/render/index.js";
 import { fileText, objectProblems, validateFiles } from "../src/deploy/validate.js";
 import { runCli, tmpDir } from "./testkit/index.js";
 

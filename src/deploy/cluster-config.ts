@@ -11,10 +11,9 @@
 // - Keys that only the manifests read (pod annotations, resources, replica counts, ...) are left
 //   out of the pods' copy of the file, so changing them does not roll every pod.
 import { isIP } from "node:net";
-import type { Config } from "../lib/config.js";
+import type { Config } from "../lib/config/index.js";
 import { cidrContains, parseCidr, parseHostPort } from "../lib/net.js";
-import { MOUNTS, SERVICES, WORKLOADS, type Workload } from "./layout.js";
-import { NATS_CLUSTER_SIZE } from "./nats.js";
+import { MOUNTS, NATS_CLUSTER_SIZE, SERVICES, WORKLOADS, type Workload } from "./layout.js";
 
 export type RawDocument = Record<string, unknown>;
 

@@ -5,13 +5,13 @@ import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parse as parseYaml } from "yaml";
 import { writeFileAtomic } from "../lib/auth.js";
-import { loadConfig, type Config } from "../lib/config.js";
+import { loadConfig, type Config } from "../lib/config/index.js";
 import { rawAt, type RawDocument } from "./cluster-config.js";
-import { RenderError, renderControlPlane, type RenderResult } from "./render.js";
+import { RenderError, renderControlPlane, type RenderResult } from "./render/index.js";
 import { HEADER, fileText, validateFiles } from "./validate.js";
 
-export { RenderError } from "./render.js";
-export type { RenderResult } from "./render.js";
+export { RenderError } from "./render/index.js";
+export type { RenderResult } from "./render/index.js";
 
 /** callplane's version, from the package.json of this checkout (or of the image, /app). */
 export function callplaneVersion(): string {

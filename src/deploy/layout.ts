@@ -120,5 +120,12 @@ export const ISSUERS = {
 
 export const GATEWAY = "callplane";
 
+/**
+ * The rendered NATS cluster: always three servers (a stream's replicas are checked against them, and
+ * the pods' copy of the file names the size), on nats-server's usual ports.
+ */
+export const NATS_CLUSTER_SIZE = 3;
+export const NATS_PORTS = { client: 4222, cluster: 6222, monitor: 8222 } as const;
+
 export const PART_OF = "callplane";
 export const MANAGED_BY = "callplane-render";

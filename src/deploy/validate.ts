@@ -5,7 +5,7 @@
 // fields, enums, patterns and ranges. Those schemas let unknown fields through (the typed models
 // refuse them at compile time instead) and do not check object names, so names are checked here.
 import { stringify } from "yaml";
-import type { K8sObject, RenderedFile } from "./render.js";
+import type { K8sObject, RenderedFile } from "./render/types.js";
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;

@@ -1,7 +1,12 @@
 // `npm start`: runs a whole callplane stack on this machine and keeps it serving until Ctrl-C.
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { ConfigError, loadConfig, localNatsClusterProblems, localPodNetworkProblems } from "../lib/config.js";
+import {
+  ConfigError,
+  loadConfig,
+  localNatsClusterProblems,
+  localPodNetworkProblems,
+} from "../lib/config/index.js";
 import { natsNodes } from "../lib/nats-cluster.js";
 import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net.js";
 import { ensureDemo, invokeDemo, invokeDemoGrpc, waitActive } from "./demo.js";

@@ -9,7 +9,7 @@ import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib
 import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
 import { ensureKeyringFile } from "../lib/secrets/mek.js";
 import { secretsRoot } from "../lib/secrets/paths.js";
-import type { Config } from "../lib/config.js";
+import type { Config } from "../lib/config/index.js";
 import { createLogger, silentLogger } from "../lib/log.js";
 import { createRegistry } from "../lib/metrics.js";
 import { KEY_FILES, ensureNatsKeys, ensureRouteCredentials, natsAccess } from "../lib/nats-auth.js";

@@ -6,7 +6,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
 import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../../lib/auth.js";
-import { ConfigError } from "../../lib/config.js";
+import { ConfigError } from "../../lib/config/index.js";
 import { ensureNatsKeys } from "../../lib/nats-auth.js";
 import { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/mek.js";
 import { ensureIdentityKey } from "../../lib/worker-identity.js";

@@ -3,7 +3,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
-import { loadConfig, ConfigError } from "../../lib/config.js";
+import { loadConfig, ConfigError } from "../../lib/config/index.js";
 import { natsCertNames, natsRouteCertNames } from "../../lib/nats-server.js";
 import { cidrHost, parseCidr } from "../../lib/net.js";
 import { TLS_FILES, describeCert, ensureCa, ensureServerCert, stackCertificates } from "../../lib/pki.js";

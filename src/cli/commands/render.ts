@@ -1,7 +1,7 @@
 // `callplane render -f <env.yaml> -o <dir>`: the Kubernetes manifests of a whole control plane, from
 // the environment file `npm start` uses (docs/kubernetes.md). It needs no stack and no cluster.
 import type { Command } from "commander";
-import { ConfigError } from "../../lib/config.js";
+import { ConfigError } from "../../lib/config/index.js";
 import { RenderError, renderFile, writeRendered } from "../../deploy/index.js";
 import { describeObject } from "../../deploy/validate.js";
 import { CliError, usageError } from "../errors.js";

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { SERVICE_SCOPES, readServiceToken, samePublicKey, type ServiceName } from "../../lib/auth.js";
-import type { Config } from "../../lib/config.js";
+import type { Config } from "../../lib/config/index.js";
 import type { Logger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { natsAccess, readWorkerSeed } from "../../lib/nats-auth.js";

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import type { Config } from "../../lib/config.js";
+import type { Config } from "../../lib/config/index.js";
 import { TLS_FILES } from "../../lib/pki.js";
 import { hostname } from "node:os";
 import { readServiceToken } from "../../lib/auth.js";

@@ -1,5 +1,5 @@
 import { readServiceToken } from "../../lib/auth.js";
-import { loadConfig } from "../../lib/config.js";
+import { loadConfig } from "../../lib/config/index.js";
 import {
   NATS_ACCOUNTS,
   natsAccess,

@@ -2,7 +2,7 @@
 // (§3.1) where they apply, plus a few callplane additions (marked) for running on one machine.
 import { readFileSync } from "node:fs";
 import { z } from "zod";
-import { ConfigError } from "../../lib/config.js";
+import { ConfigError } from "../../lib/config/index.js";
 import { formatHostPort, parseHostPort } from "../../lib/net.js";
 
 const int = (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>

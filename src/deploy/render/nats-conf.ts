@@ -4,11 +4,8 @@
 // services' public nkeys, which render never sees (it has no Secret values), so an init container
 // writes it from the mounted keys at pod start: `callplane nats auth-config`, the same function the
 // local stack uses. It lands in auth.conf beside this file, which includes it.
-import { MOUNTS, SERVICES } from "./layout.js";
-import type { ClusterNames } from "./cluster-config.js";
-
-export const NATS_CLUSTER_SIZE = 3;
-export const NATS_PORTS = { client: 4222, cluster: 6222, monitor: 8222 } as const;
+import type { ClusterNames } from "../cluster-config.js";
+import { MOUNTS, NATS_CLUSTER_SIZE, NATS_PORTS, SERVICES } from "../layout.js";
 
 export function natsServerConf(opts: { names: ClusterNames; maxPayload: number }): string {
   const { names } = opts;

@@ -1,0 +1,83 @@
+// 60-network-policies.yaml: what the workers' pods may reach, and who may reach the admin issuer.
+import { NetworkPolicy, type INetworkPolicyPeer } from "kubernetes-models/networking.k8s.io/v1";
+import { NATS_PORTS, WORKLOADS, type Workload } from "../layout.js";
+import type { RenderContext } from "./context.js";
+import type { K8sObject } from "./types.js";
+
+/**
+ * Workers may reach the proxy and NATS, and nothing else (DNS aside). Without the proxy,
+ * in-cluster workers call the pods back directly, so those ports are open to them instead.
+ */
+export function renderNetworkPolicies(k: RenderContext): K8sObject[] {
+  const inNs = (w: Workload): INetworkPolicyPeer => ({
+    namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": k.ns } },
+    podSelector: { matchLabels: k.selector(w) },
+  });
+  const tcp = (port: number) => ({ protocol: "TCP" as const, port });
+  const egress: NonNullable<NetworkPolicy["spec"]>["egress"] = [
+    {
+      to: [
+        {
+          namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "kube-system" } },
+          podSelector: { matchLabels: { "k8s-app": "kube-dns" } },
+        },
+      ],
+      ports: [
+        { protocol: "UDP", port: 53 },
+        { protocol: "TCP", port: 53 },
+      ],
+    },
+  ];
+  if (k.c.nats.server.enabled) egress.push({ to: [inNs(WORKLOADS.nats)], ports: [tcp(NATS_PORTS.client)] });
+  if (k.proxyOn) {
+    egress.push({ to: [inNs(WORKLOADS.proxy)], ports: [tcp(k.plan.ports.proxy)] });
+  } else {
+    egress.push({ to: [inNs(WORKLOADS.invocation)], ports: [tcp(k.plan.ports.invocation)] });
+    if (k.grpcOn) egress.push({ to: [inNs(WORKLOADS.grpc)], ports: [tcp(k.plan.ports.grpcConnect)] });
+  }
+  const out: K8sObject[] = [
+    new NetworkPolicy({
+      metadata: k.meta("callplane-workers-egress", undefined, k.workerNs),
+      spec: { podSelector: {}, policyTypes: ["Egress"], egress },
+    }),
+  ];
+  const c = k.c;
+  if (c.adminIssuerProxy.enabled) {
+    // The issuer hands an admin token to whoever reaches it. Nothing in the control plane's or
+    // the workers' namespace may (function instances run in the compute agent's pod); with its
+    // route on, the Gateway's proxies (in their own namespace) may. kubectl port-forward still
+    // reaches it: that goes through the kubelet, not the pod network.
+    const w = WORKLOADS.issuer;
+    const routed = c.ingress.gatewayApi.enabled && c.adminIssuerProxy.gateway.enabled;
+    out.push(
+      new NetworkPolicy({
+        metadata: k.meta(`${w.name}-ingress`, w),
+        spec: {
+          podSelector: { matchLabels: k.selector(w) },
+          policyTypes: ["Ingress"],
+          ingress: routed
+            ? [
+                {
+                  from: [
+                    {
+                      namespaceSelector: {
+                        matchExpressions: [
+                          {
+                            key: "kubernetes.io/metadata.name",
+                            operator: "NotIn",
+                            values: [k.ns, k.workerNs],
+                          },
+                        ],
+                      },
+                    },
+                  ],
+                  ports: [tcp(k.plan.ports.issuer)],
+                },
+              ]
+            : [],
+        },
+      }),
+    );
+  }
+  return out;
+}

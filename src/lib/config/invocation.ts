@@ -1,0 +1,71 @@
+// The invocation service's section, and its rules: replicas behind one callback address need the
+// relay, and the default poll window fits in the longest.
+import { z } from "zod";
+import { cidr, optionalUrl, seconds, section } from "./fields.js";
+import type { GlobalConfig } from "./global.js";
+import { autoscaling, podAnnotations, resources } from "./kubernetes.js";
+
+export const invocationSection = section({
+  replicaCount: z.number().int().min(1).max(250).default(2),
+  podAnnotations: podAnnotations(),
+  resources: resources("250m", "256Mi", "1Gi"),
+  autoscaling: autoscaling(),
+  podNetwork: cidr.default("127.0.1.0/24"),
+  port: z.number().int().min(0).max(65535).default(8080),
+  selfAddress: optionalUrl(["http", "https"]),
+  inlineBodyBytes: z
+    .number()
+    .int()
+    .min(0)
+    .max(4 * 1024 * 1024)
+    .default(32 * 1024),
+  poll: section({
+    defaultSeconds: z.number().int().min(1).max(3600).default(60),
+    streamingDefaultSeconds: z.number().int().min(1).max(3600).default(1200),
+    maxSeconds: z.number().int().min(1).max(3600).default(3600),
+    graceSeconds: seconds(2, 60),
+  }),
+  statusRequestTimeoutSeconds: seconds(5, 60),
+  authCache: section({
+    ttlSeconds: z
+      .number()
+      .positive()
+      .max(30, "must be at most 30 (a revoked key must be refused within 30 s)")
+      .default(10),
+    negativeTtlSeconds: z.number().positive().max(30).default(5),
+    maxEntries: z.number().int().positive().default(10_000),
+  }),
+  shutdownGraceSeconds: seconds(30, 3600),
+  drainDelaySeconds: z.number().min(0).max(300).default(5),
+  relay: section({
+    enabled: z.boolean().default(true),
+  }),
+});
+
+export type InvocationConfig = z.output<typeof invocationSection>;
+
+/** Several replicas behind one callback URL: a callback may reach a replica that does not hold the request. */
+export function invocationRelayProblems(c: { invocation: InvocationConfig; global: GlobalConfig }): string[] {
+  const p: string[] = [];
+  const we = c.global.workerEndpoints;
+  if (
+    c.invocation.replicaCount > 1 &&
+    (we.invocationServiceURL || c.invocation.selfAddress) &&
+    !c.invocation.relay.enabled
+  ) {
+    p.push(
+      `invocation.replicaCount is ${c.invocation.replicaCount} with a shared callback URL (${we.invocationServiceURL ? "global.workerEndpoints.invocationServiceURL" : "invocation.selfAddress"}) ` +
+        "and invocation.relay.enabled is false: a callback balanced to a replica that does not hold the request would be dropped. " +
+        "Turn invocation.relay.enabled on, or set invocation.replicaCount to 1",
+    );
+  }
+  return p;
+}
+
+export function pollProblems(c: { invocation: InvocationConfig }): string[] {
+  const p: string[] = [];
+  if (c.invocation.poll.defaultSeconds > c.invocation.poll.maxSeconds) {
+    p.push("invocation.poll.defaultSeconds is larger than invocation.poll.maxSeconds");
+  }
+  return p;
+}
