@@ -27,7 +27,10 @@ import {
 } from "../../src/services/grpc-proxy/service.js";
 import { createWorkerAgent, type WorkerAgent } from "../../src/services/worker/agent.js";
 import { workerConfigFromEnv } from "../../src/services/worker/config.js";
-import { removeDir, repoRoot, startApi, startNats, type ApiFixture, type Nats } from "./index.js";
+import { startNats, type Nats } from "./nats.js";
+import { repoRoot } from "./paths.js";
+import { removeDir } from "./scope.js";
+import { startApi, type ApiFixture } from "./services.js";
 import { deployFunction, readLog, type DeployedFunction } from "./plane.js";
 
 type Ctx = Pick<TestContext, "after">;
