@@ -14,30 +14,18 @@
 // Needs root, for the namespace; without it the test says so and skips.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { join } from "node:path";
 import { test } from "node:test";
 import { status, type ClientReadableStream } from "@grpc/grpc-js";
 import type { EchoMessage } from "../../src/gen/callplane/examples/echo_pb.js";
-import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } from "../../src/lib/pki.js";
 import { waitFor } from "../testkit/client.js";
-import { freePortOnAll } from "../testkit/hosts.js";
 import { GRPC_FUNCTION, echoMessage, grpcClient, meta, runPython, unary } from "../testkit/grpc.js";
-import { startApi, startNats, tmpDir } from "../testkit/index.js";
-import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "../testkit/netns.js";
+import { netnsSupport, tcpConnectFrom } from "../testkit/netns.js";
 import { deployFunction } from "../testkit/plane.js";
-import {
-  reverseScope,
-  scripts,
-  startExampleProcess,
-  startService,
-  type ChildHandle,
-} from "../testkit/processes.js";
+import { reverseScope, scripts, startService, type ChildHandle } from "../testkit/processes.js";
+import { WORKER_DOMAIN, startTwoNetworkPlane } from "../testkit/two-networks.js";
 
 const REGION = "test";
-const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
-const WORKER_DOMAIN = "worker.callplane.test";
 const REPLICA_IPS = ["127.0.61.1", "127.0.61.2"];
-const POD_NETWORK = "127.0.61.0/24";
 const KILLED = 1;
 const CONNECTIONS_PER_REPLICA = 4;
 const CALLS_PER_CONNECTION = Number(process.env.CALLPLANE_TWO_NETWORKS_GRPC_CALLS ?? 60);
@@ -63,46 +51,25 @@ test(
       return;
     }
     const scope = reverseScope(t);
-    const dir = tmpDir(scope, "callplane-two-networks-grpc-");
-    const ns: Netns = await createNetns(scope);
-    t.diagnostic(`namespace ${ns.name}: ${ns.hostIp} <-> ${ns.nsIp}`);
-
-    const nats = await startNats(scope, { dir: join(dir, "nats"), host: ns.hostIp, region: REGION });
     // the API creates the work queue (workers and replicas may not)
-    const api = await startApi(scope, { nats, region: REGION });
+    const plane = await startTwoNetworkPlane(scope, {
+      prefix: "callplane-two-networks-grpc-",
+      region: REGION,
+      grpcReplicaIps: REPLICA_IPS,
+      upstreamTls: false,
+    });
+    const { ns, nats, api, proxyPort } = plane;
+    const workerTlsPort = plane.grpcTlsPort!;
+    t.diagnostic(`namespace ${ns.name}: ${ns.hostIp} <-> ${ns.nsIp}`);
     const fn = await deployFunction(api, `two-networks-grpc-${randomBytes(4).toString("hex")}`, {
       ...GRPC_FUNCTION,
       concurrency: 16,
     });
-    const pkiDir = join(dir, "pki");
-    const ca = await ensureCa(pkiLayout(pkiDir));
-    for (const c of stackCertificates({
-      pkiDir,
-      serviceDomain: SERVICE_DOMAIN,
-      workerDomain: WORKER_DOMAIN,
-      proxyEnabled: true,
-      upstreamTls: false,
-      frontendCertFile: join(pkiDir, "proxy", TLS_FILES.cert),
-      replicaIps: [],
-      grpcReplicaIps: REPLICA_IPS,
-    }))
-      await ensureServerCert(c.folder, ca, c.dnsNames);
-    const workerTlsPort = await freePortOnAll(REPLICA_IPS);
-    const proxyPort = await freePortOnAll([ns.hostIp]);
     const serviceEnv = {
-      CALLPLANE__GLOBAL__DATA_DIR: dir,
-      CALLPLANE__GLOBAL__REGION: REGION,
-      CALLPLANE__PKI__DIR: pkiDir,
-      ...nats.serviceEnv(),
-      CALLPLANE__API__URL: api.url,
-      CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
-      CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "true",
-      CALLPLANE__WORKER_CALLBACK_PROXY__LISTEN: `${ns.hostIp}:${proxyPort}`,
+      ...plane.serviceEnv,
       CALLPLANE__WORKER_CALLBACK_PROXY__METRICS_LISTEN: "127.0.0.1:0",
-      CALLPLANE__WORKER_CALLBACK_PROXY__POD_NETWORKS: JSON.stringify([POD_NETWORK]),
       CALLPLANE__GRPCPROXY__PORT: "0",
       CALLPLANE__GRPCPROXY__CONNECT_PORT: "0",
-      CALLPLANE__GRPCPROXY__WORKER_TLS_PORT: String(workerTlsPort),
     };
     const proxyLines: string[] = [];
     await startService(
@@ -154,11 +121,7 @@ test(
     }
 
     // the workers' namespace: the example gRPC server and two worker agents
-    await startExampleProcess(scope, {
-      listen: { host: "127.0.0.1", port: 8000 },
-      prefix: ns.prefix,
-      grpc: true,
-    });
+    await plane.startInference(8000, true);
     const workers: ChildHandle[] = [];
     for (let k = 0; k < 2; k++) {
       workers.push(
@@ -166,26 +129,17 @@ test(
           scope,
           `worker-${k}`,
           scripts.worker,
-          {
-            NVCF_FQDN_NATS: nats.url,
-            ...nats.workerNkeyEnv(),
-            FUNCTION_ID: fn.functionId,
-            FUNCTION_VERSION_ID: fn.versionId,
-            FUNCTION_NAME: "two-networks-grpc",
-            INSTANCE_ID: `two-networks-grpc-${k}`,
-            INFERENCE_HOST: "127.0.0.1",
-            INFERENCE_PORT: "8000",
-            INFERENCE_HEALTH_PROTOCOL: "gRPC",
-            HEALTH_HOST: "127.0.0.1",
-            HEALTH_PORT: "0",
-            MAX_REQUEST_CONCURRENCY: "16",
-            NVCF_REGION: REGION,
-            CALLPLANE_WORKER_HOST_MAP: `*.${WORKER_DOMAIN}=${ns.hostIp}`,
-            NVCF_PROXY_CA_PEM: ca.certPem,
-            CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: "1",
-            BASE_RESPONSE_DIR: join(dir, `responses-${k}`),
-            CALLPLANE_LOG_LEVEL: "info",
-          },
+          plane.workerEnv({
+            fn,
+            key: String(k),
+            instanceId: `two-networks-grpc-${k}`,
+            name: "two-networks-grpc",
+            port: 8000,
+            grpc: true,
+            concurrency: 16,
+            logLevel: "info",
+            extra: { CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: "1" },
+          }),
           { prefix: ns.prefix, readyTimeoutMs: 30_000 },
         ),
       );

@@ -17,33 +17,23 @@
 // Needs root, for the namespace; without it the test says so and skips.
 import assert from "node:assert/strict";
 import { randomBytes, randomUUID } from "node:crypto";
-import { createServer, type AddressInfo, type Server } from "node:net";
+import { createServer } from "node:net";
 import { join } from "node:path";
 import { test } from "node:test";
 import { jetstreamManager, type ConsumerInfo, type StreamInfo } from "@nats-io/jetstream";
 import { Agent, request } from "undici";
-import { ensureCa, ensureServerCert, pkiLayout, stackCertificates, TLS_FILES } from "../../src/lib/pki.js";
 import { subjects } from "../../src/lib/queue.js";
 import { waitFor } from "../testkit/client.js";
-import { startApi, startNats, tmpDir } from "../testkit/index.js";
 import { issueIdentity, startCallout } from "../testkit/trust.js";
 import { writeFileAtomic } from "../../src/lib/auth.js";
-import { createNetns, netnsSupport, tcpConnectFrom, type Netns } from "../testkit/netns.js";
+import { netnsSupport, tcpConnectFrom } from "../testkit/netns.js";
 import { deployFunction } from "../testkit/plane.js";
-import {
-  reverseScope,
-  scripts,
-  startExampleProcess,
-  startService,
-  type ChildHandle,
-} from "../testkit/processes.js";
+import { reverseScope, scripts, startService, type ChildHandle } from "../testkit/processes.js";
+import { SERVICE_DOMAIN, WORKER_DOMAIN, startTwoNetworkPlane } from "../testkit/two-networks.js";
 
 const REGION = "test";
-const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
-const WORKER_DOMAIN = "worker.callplane.test";
 /** Replica i listens on 127.0.60.i: root-namespace loopback, out of the workers' reach. */
 const REPLICA_IPS = ["127.0.60.1", "127.0.60.2", "127.0.60.3"];
-const POD_NETWORK = "127.0.60.0/24";
 /** Index of the replica that is killed (replica 2). */
 const KILLED = 1;
 const INVOCATIONS = Number(process.env.CALLPLANE_TWO_NETWORKS_INVOCATIONS ?? 3000);
@@ -94,32 +84,6 @@ const describe = (o: Outcome) =>
       : `${o.status} nvcf-status=${o.nvcfStatus} body ${o.body === o.payload ? "matches" : `differs: ${o.body?.slice(0, 200)}`}`
   }`;
 
-function listenOnce(host: string, port: number): Promise<Server> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(port, host, () => resolve(s));
-  });
-}
-
-/** A TCP port free on every one of the hosts (the replicas share their worker TLS port number). */
-async function freePort(hosts: string[]): Promise<number> {
-  for (let attempt = 0; attempt < 20; attempt++) {
-    const servers: Server[] = [];
-    try {
-      servers.push(await listenOnce(hosts[0], 0));
-      const port = (servers[0].address() as AddressInfo).port;
-      for (const h of hosts.slice(1)) servers.push(await listenOnce(h, port));
-      return port;
-    } catch {
-      // taken on one of the hosts: try another
-    } finally {
-      await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
-    }
-  }
-  throw new Error(`no port free on all of ${hosts.join(", ")}`);
-}
-
 function jsonLines(lines: string[]): Array<Record<string, unknown>> {
   const out: Array<Record<string, unknown>> = [];
   for (const l of lines) {
@@ -150,50 +114,29 @@ test(
     // torn down in reverse: workers, inference server, replicas, proxy, API, nats-server, namespace,
     // folder
     const scope = reverseScope(t);
-    const dir = tmpDir(scope, "callplane-two-networks-");
-    const ns: Netns = await createNetns(scope);
+    // the root namespace: nats-server and the proxy on the link's host address; the API, the
+    // replicas on loopback. Token mode: worker 0 logs in with the shared worker nkey (as a worker
+    // started before a switch would), workers 1 and 2 with identities of their own, checked by the
+    // API through the callout
+    const plane = await startTwoNetworkPlane(scope, {
+      prefix: "callplane-two-networks-",
+      region: REGION,
+      replicaIps: REPLICA_IPS,
+      upstreamTls: true,
+      api: { workerAuth: "token" },
+    });
+    const { dir, ns, nats, api, ca, proxyPort } = plane;
+    const workerTlsPort = plane.invocationTlsPort!;
     t.diagnostic(`namespace ${ns.name}: ${ns.hostIf} ${ns.hostIp} <-> ${ns.nsIf} ${ns.nsIp} (${ns.network})`);
-
-    // --- the root namespace: nats-server and the proxy on the link's host address; the API,
-    // the replicas on loopback ---
-    const nats = await startNats(scope, { dir: join(dir, "nats"), host: ns.hostIp, region: REGION });
-    // token mode: worker 0 logs in with the shared worker nkey (as a worker started before a switch
-    // would), workers 1 and 2 with identities of their own, checked by the API through the callout
-    const api = await startApi(scope, { nats, region: REGION, workerAuth: "token" });
     const callout = await startCallout(scope, nats, api, "token");
     const fn = await deployFunction(api, `two-networks-${randomBytes(4).toString("hex")}`, {
       inferenceUrl: "/echo",
       concurrency: WORKER_CONCURRENCY,
     });
-
-    const pkiDir = join(dir, "pki");
-    const ca = await ensureCa(pkiLayout(pkiDir));
-    for (const c of stackCertificates({
-      pkiDir,
-      serviceDomain: SERVICE_DOMAIN,
-      workerDomain: WORKER_DOMAIN,
-      proxyEnabled: true,
-      upstreamTls: true,
-      frontendCertFile: join(pkiDir, "proxy", TLS_FILES.cert),
-      replicaIps: REPLICA_IPS,
-    }))
-      await ensureServerCert(c.folder, ca, c.dnsNames);
-
-    const workerTlsPort = await freePort(REPLICA_IPS);
-    const proxyPort = await freePort([ns.hostIp]);
     const serviceEnv = {
-      CALLPLANE__GLOBAL__DATA_DIR: dir,
-      CALLPLANE__GLOBAL__REGION: REGION,
-      CALLPLANE__PKI__DIR: pkiDir,
-      ...nats.serviceEnv(),
-      CALLPLANE__API__URL: api.url,
-      CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
+      ...plane.serviceEnv,
       CALLPLANE__INVOCATION__PORT: "0",
-      CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "true",
-      CALLPLANE__WORKER_CALLBACK_PROXY__LISTEN: `${ns.hostIp}:${proxyPort}`,
       CALLPLANE__WORKER_CALLBACK_PROXY__METRICS_LISTEN: "127.0.0.1:0",
-      CALLPLANE__WORKER_CALLBACK_PROXY__POD_NETWORKS: JSON.stringify([POD_NETWORK]),
-      CALLPLANE__WORKER_CALLBACK_PROXY__INVOCATION__WORKER_TLS_PORT: String(workerTlsPort),
     };
 
     const proxyLines: string[] = [];
@@ -268,13 +211,10 @@ test(
     );
 
     // --- the workers' namespace: the example inference server and the worker agents ---
-    const inference = await startExampleProcess(scope, {
-      listen: { host: "127.0.0.1", port: 8000 },
-      prefix: ns.prefix,
-    });
+    const inference = await plane.startInference(8000);
     // the run freezes it for a moment (SIGSTOP); a stopped process must not outlive the test
     scope.after(() => {
-      if (inference.process.running) process.kill(inference.process.pid, "SIGCONT");
+      if (inference.running) process.kill(inference.pid, "SIGCONT");
     });
     const workerLines: string[][] = [];
     const workers: ChildHandle[] = [];
@@ -298,25 +238,17 @@ test(
           scope,
           `worker-${k}`,
           scripts.worker,
-          {
-            NVCF_FQDN_NATS: nats.url,
-            FUNCTION_ID: fn.functionId,
-            FUNCTION_VERSION_ID: fn.versionId,
-            FUNCTION_NAME: "two-networks",
-            INSTANCE_ID: `two-networks-${k}`,
-            ...natsEnv,
-            INFERENCE_HOST: "127.0.0.1",
-            INFERENCE_PORT: "8000",
-            INFERENCE_HEALTH_ENDPOINT: "/health",
-            HEALTH_HOST: "127.0.0.1",
-            HEALTH_PORT: "0",
-            MAX_REQUEST_CONCURRENCY: String(WORKER_CONCURRENCY),
-            NVCF_REGION: REGION,
-            CALLPLANE_WORKER_HOST_MAP: `invocation.${WORKER_DOMAIN}=${ns.hostIp}`,
-            NVCF_PROXY_CA_PEM: ca.certPem,
-            BASE_RESPONSE_DIR: join(dir, `responses-${k}`),
-            CALLPLANE_LOG_LEVEL: "info",
-          },
+          plane.workerEnv({
+            fn,
+            key: String(k),
+            instanceId: `two-networks-${k}`,
+            name: "two-networks",
+            natsEnv,
+            port: 8000,
+            concurrency: WORKER_CONCURRENCY,
+            hostMap: `invocation.${WORKER_DOMAIN}=${ns.hostIp}`,
+            logLevel: "info",
+          }),
           { prefix: ns.prefix, onLine: (l) => lines.push(l), readyTimeoutMs: 30_000 },
         ),
       );
@@ -328,7 +260,7 @@ test(
     assert.equal(logins.filter((u) => u.startsWith("worker-nkey.")).length, 1, logins.join(", "));
     assert.equal(logins.filter((u) => u.startsWith(`worker-${fn.versionId}.`)).length, 2, logins.join(", "));
     const inside = await ns.pids();
-    for (const w of [inference.process, ...workers])
+    for (const w of [inference, ...workers])
       assert.ok(inside.includes(w.pid), `${w.name} (pid ${w.pid}) runs inside ${ns.name}`);
 
     // the test's own view of the work queue
@@ -395,7 +327,7 @@ test(
     // request replica 2 held is then held by a worker too, which answers it through the proxy.
     const killMidway = async () => {
       frozeAt = performance.now();
-      process.kill(inference.process.pid, "SIGSTOP");
+      process.kill(inference.pid, "SIGSTOP");
       try {
         let last: ConsumerInfo | undefined;
         // The same requests in flight for a second as well: an answer the inference server sent
@@ -430,7 +362,7 @@ test(
         const exit = await replicas[KILLED].kill("SIGKILL");
         assert.equal(exit.signal, "SIGKILL");
       } finally {
-        process.kill(inference.process.pid, "SIGCONT");
+        process.kill(inference.pid, "SIGCONT");
         thawedAt = Date.now();
         frozenMs = performance.now() - frozeAt;
       }

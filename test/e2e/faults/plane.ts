@@ -12,28 +12,21 @@
 // killed and started again on the same address.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdirSync, mkdtempSync, renameSync, writeFileSync } from "node:fs";
+import { mkdirSync, renameSync, writeFileSync } from "node:fs";
 import { connect as netConnect } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { TLS_FILES, ensureCa, ensureServerCert, pkiLayout, stackCertificates } from "../../../src/lib/pki.js";
+import { TLS_FILES, ensureServerCert } from "../../../src/lib/pki.js";
 import { GRPC_FUNCTION } from "../../testkit/grpc.js";
 import { freePortOnAll } from "../../testkit/hosts.js";
-import { removeDir, repoRoot, startApi, startNats, type ApiFixture, type Nats } from "../../testkit/index.js";
-import { createNetns, type Netns } from "../../testkit/netns.js";
+import { repoRoot, type ApiFixture, type Nats } from "../../testkit/index.js";
+import type { Netns } from "../../testkit/netns.js";
 import { deployFunction, type DeployedFunction } from "../../testkit/plane.js";
-import {
-  Scope,
-  scripts,
-  startExampleProcess,
-  startService,
-  type ChildHandle,
-} from "../../testkit/processes.js";
+import { Scope, scripts, startService, type ChildHandle } from "../../testkit/processes.js";
+import { WORKER_DOMAIN, startTwoNetworkPlane } from "../../testkit/two-networks.js";
 
 export const REGION = "faults";
-export const SERVICE_DOMAIN = "nvcf.svc.cluster.local";
-export const WORKER_DOMAIN = "worker.callplane.test";
+export { SERVICE_DOMAIN, WORKER_DOMAIN } from "../../testkit/two-networks.js";
 const REPLICA_IPS = ["127.0.61.1", "127.0.61.2", "127.0.61.3"];
 const GRPC_IPS = ["127.0.62.1", "127.0.62.2"];
 
@@ -141,11 +134,15 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
   const drain = String(o.drainDelaySeconds ?? 2);
   const ackWait = o.ackWaitSeconds ?? 5;
   const concurrency = o.workerConcurrency ?? 32;
-  const dir = mkdtempSync(join(tmpdir(), "callplane-faults-"));
-  scope.after(() => removeDir(dir));
-  const ns = await createNetns(scope);
-  const nats = await startNats(scope, { dir: join(dir, "nats"), host: ns.hostIp, region: REGION });
-  const api = await startApi(scope, { nats, region: REGION, queue: { ackWaitSeconds: ackWait } });
+  const plane = await startTwoNetworkPlane(scope, {
+    prefix: "callplane-faults-",
+    region: REGION,
+    replicaIps: REPLICA_IPS,
+    grpcReplicaIps: GRPC_IPS,
+    upstreamTls: true,
+    api: { queue: { ackWaitSeconds: ackWait } },
+  });
+  const { dir, ns, nats, api, pkiDir, ca, certs } = plane;
   const fn = await deployFunction(api, `faults-${randomBytes(3).toString("hex")}`, {
     inferenceUrl: "/echo",
     concurrency,
@@ -155,40 +152,20 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
     concurrency,
   });
 
-  const pkiDir = join(dir, "pki");
-  const ca = await ensureCa(pkiLayout(pkiDir));
-  const certs = stackCertificates({
-    pkiDir,
-    serviceDomain: SERVICE_DOMAIN,
-    workerDomain: WORKER_DOMAIN,
-    proxyEnabled: true,
-    upstreamTls: true,
-    frontendCertFile: join(pkiDir, "proxy", TLS_FILES.cert),
-    replicaIps: REPLICA_IPS,
-    grpcReplicaIps: GRPC_IPS,
-  });
-  for (const c of certs) await ensureServerCert(c.folder, ca, c.dnsNames);
-
   const invPort = await freePortOnAll(REPLICA_IPS);
-  const invTlsPort = await freePortOnAll(REPLICA_IPS);
   const grpcPort = await freePortOnAll(GRPC_IPS);
   const grpcConnectPort = await freePortOnAll(GRPC_IPS);
-  const grpcTlsPort = await freePortOnAll(GRPC_IPS);
   const proxyPorts = [await freePort(ns.hostIp), await freePort(ns.hostIp)];
   const proxyAdminPorts = [await freePort("127.0.0.1"), await freePort("127.0.0.1")];
   const lbHttp = await freePort("127.0.0.1");
   const lbGrpc = await freePort("127.0.0.1");
-  const lbProxy = await freePort(ns.hostIp);
+  // what replicas hand to workers: the balancer in front of the proxies, on the link
+  const lbProxy = plane.proxyPort;
 
   const serviceEnv: Record<string, string> = {
-    CALLPLANE__GLOBAL__DATA_DIR: dir,
-    CALLPLANE__GLOBAL__REGION: REGION,
+    ...plane.serviceEnv,
     CALLPLANE__LOG__LEVEL: "warn",
-    CALLPLANE__PKI__DIR: pkiDir,
-    ...nats.serviceEnv(),
     CALLPLANE__NATS__CONSUMER__ACK_WAIT_SECONDS: String(ackWait),
-    CALLPLANE__API__URL: api.url,
-    CALLPLANE__AUTH__SERVICE_TOKEN_DIR: api.serviceTokenDir,
     CALLPLANE__INVOCATION__PORT: String(invPort),
     CALLPLANE__INVOCATION__DRAIN_DELAY_SECONDS: drain,
     // a client's inline body must arrive within the default poll window: 20 s, not 60, so the
@@ -196,13 +173,7 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
     CALLPLANE__INVOCATION__POLL__DEFAULT_SECONDS: "20",
     CALLPLANE__GRPCPROXY__PORT: String(grpcPort),
     CALLPLANE__GRPCPROXY__CONNECT_PORT: String(grpcConnectPort),
-    CALLPLANE__GRPCPROXY__WORKER_TLS_PORT: String(grpcTlsPort),
     CALLPLANE__GRPCPROXY__DRAIN_DELAY_SECONDS: drain,
-    CALLPLANE__WORKER_CALLBACK_PROXY__ENABLED: "true",
-    // what replicas hand to workers: the balancer in front of the proxies
-    CALLPLANE__WORKER_CALLBACK_PROXY__LISTEN: `${ns.hostIp}:${lbProxy}`,
-    CALLPLANE__WORKER_CALLBACK_PROXY__POD_NETWORKS: JSON.stringify(["127.0.61.0/24", "127.0.62.0/24"]),
-    CALLPLANE__WORKER_CALLBACK_PROXY__INVOCATION__WORKER_TLS_PORT: String(invTlsPort),
     CALLPLANE__WORKER_CALLBACK_PROXY__DRAIN_DELAY_SECONDS: drain,
   };
   const logs = join(dir, "logs");
@@ -351,37 +322,24 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
   for (const r of [...replicas, ...grpcProxies, ...proxies]) await waitBalanced(r.name);
 
   // the workers' namespace: the example servers and the worker agents
-  const inference = await startExampleProcess(scope, {
-    listen: { host: "127.0.0.1", port: 8000 },
-    prefix: ns.prefix,
-  });
-  await startExampleProcess(scope, {
-    listen: { host: "127.0.0.1", port: 8001 },
-    prefix: ns.prefix,
-    grpc: true,
-  });
-  const workerEnv = (fnOf: DeployedFunction, k: string, port: number, grpc: boolean): NodeJS.ProcessEnv => ({
-    NVCF_FQDN_NATS: nats.url,
-    ...nats.workerNkeyEnv(),
-    FUNCTION_ID: fnOf.functionId,
-    FUNCTION_VERSION_ID: fnOf.versionId,
-    FUNCTION_NAME: fnOf.functionId,
-    INSTANCE_ID: `faults-${k}`,
-    INFERENCE_HOST: "127.0.0.1",
-    INFERENCE_PORT: String(port),
-    ...(grpc ? { INFERENCE_HEALTH_PROTOCOL: "gRPC" } : { INFERENCE_HEALTH_ENDPOINT: "/health" }),
-    HEALTH_HOST: "127.0.0.1",
-    HEALTH_PORT: "0",
-    MAX_REQUEST_CONCURRENCY: String(concurrency),
-    NVCF_REGION: REGION,
-    CALLPLANE_ACK_WAIT_SECONDS: String(ackWait),
-    CALLPLANE_WORKER_HOST_MAP: `*.${WORKER_DOMAIN}=${ns.hostIp}`,
-    NVCF_PROXY_CA_PEM: ca.certPem,
-    CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: "1",
-    CALLPLANE_INFERENCE_IDLE_SECONDS: String(o.inferenceIdleSeconds ?? 5),
-    BASE_RESPONSE_DIR: join(dir, `responses-${k}`),
-    CALLPLANE_LOG_LEVEL: "warn",
-  });
+  const inference = await plane.startInference(8000);
+  await plane.startInference(8001, true);
+  const workerEnv = (fnOf: DeployedFunction, k: string, port: number, grpc: boolean): NodeJS.ProcessEnv =>
+    plane.workerEnv({
+      fn: fnOf,
+      key: k,
+      instanceId: `faults-${k}`,
+      name: fnOf.functionId,
+      port,
+      grpc,
+      concurrency,
+      logLevel: "warn",
+      extra: {
+        CALLPLANE_ACK_WAIT_SECONDS: String(ackWait),
+        CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS: "1",
+        CALLPLANE_INFERENCE_IDLE_SECONDS: String(o.inferenceIdleSeconds ?? 5),
+      },
+    });
   const httpWorkers: Restartable[] = [];
   for (let k = 0; k < 2; k++)
     httpWorkers.push(
@@ -413,7 +371,7 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
     proxies,
     httpWorkers,
     grpcWorkers,
-    inference: inference.process,
+    inference,
     balancerStates,
     waitBalanced,
     link(up) {
