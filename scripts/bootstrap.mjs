@@ -6,6 +6,7 @@ import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
 import { join, dirname, relative } from "node:path";
+import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -17,6 +18,7 @@ function step(what) {
 }
 
 function run(cmd, args, opts = {}) {
+  const started = performance.now();
   const r = spawnSync(cmd, args, {
     cwd: root,
     stdio: opts.capture ? ["ignore", "pipe", "inherit"] : "inherit",
@@ -30,6 +32,8 @@ function run(cmd, args, opts = {}) {
     );
     process.exit(r.status ?? 1);
   }
+  // CI's log says where its time went (scripts/test-times.mjs breaks the test run down by file)
+  if (opts.timed) step(`${opts.what}: ${((performance.now() - started) / 1000).toFixed(1)} s`);
   return r.stdout;
 }
 
@@ -63,7 +67,10 @@ function ensureBuild() {
   );
   if (existsSync(info) && statSync(info).mtimeMs >= newest) return;
   step("building (tsc) ...");
-  run(join(root, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.json"], { what: "TypeScript build" });
+  run(join(root, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.json"], {
+    what: "TypeScript build",
+    timed: true,
+  });
 }
 
 function ensureNatsServer() {
@@ -99,23 +106,26 @@ const TIERS = {
 };
 const FAULTS = join("dist", "test", "e2e", "faults.test.js");
 
-// Files known to run longest (a clean clone's CI run, spec reporter), started first: node --test
-// starts files in the order given, and one long file started last would run alone at the end while
-// the other slot sits idle. A run's own times (scripts/test-times.mjs) replace this list when
-// dist/.test-times.json is there.
+// Files known to run longest (per-file times from scripts/test-times.mjs, longest first), started
+// first: node --test starts files in the order given, and a long file started last runs alone at
+// the end while the other slot sits idle. A run's recorded times (dist/.test-times.json) order the
+// files they cover.
 const SLOW_FIRST = [
   "integration/cli/cli.test.js",
   "integration/grpc-proxy/grpc.test.js",
-  "e2e/two-networks.test.js",
   "e2e/processes.test.js",
   "integration/secrets/secrets-cli.test.js",
   "e2e/stack.test.js",
-  "e2e/two-networks-grpc.test.js",
   "integration/invocation/data-path.test.js",
   "integration/invocation/invocation.test.js",
   "integration/compute/compute.test.js",
   "integration/invocation/invocation-attach.test.js",
   "unit/render.test.js",
+  "integration/invocation/relay.test.js",
+  "integration/secrets/secrets-rotation.test.js",
+  "integration/admin-issuer/issuer-withdrawal.test.js",
+  "integration/grpc-proxy/grpc-python.test.js",
+  "integration/store/store-postgres.test.js",
 ];
 
 function testFiles(dirs) {
@@ -131,35 +141,37 @@ function testFiles(dirs) {
   return found.sort();
 }
 
-/** Longest first: by the last recorded run's times, else by SLOW_FIRST, the rest in name order. */
+/** Longest first: by the last recorded run's times; a file not recorded by SLOW_FIRST, ahead of them. */
 function slowFirst(files) {
-  const recorded = join(root, "dist", ".test-times.json");
-  let weight = (f) => {
-    const i = SLOW_FIRST.findIndex((s) => f.endsWith(s));
-    return i < 0 ? 0 : SLOW_FIRST.length - i;
-  };
-  if (existsSync(recorded)) {
-    try {
-      const times = JSON.parse(readFileSync(recorded, "utf8"));
-      weight = (f) => times[f] ?? 0;
-    } catch {
-      // a broken record: the fixed list
-    }
+  let times = {};
+  try {
+    times = JSON.parse(readFileSync(join(root, "dist", ".test-times.json"), "utf8"));
+  } catch {
+    // no run recorded yet (a clean clone): the fixed list alone
   }
+  const weight = (f) => {
+    if (times[f] !== undefined) return times[f];
+    const i = SLOW_FIRST.findIndex((s) => f.endsWith(s));
+    return i < 0 ? 0 : Number.MAX_SAFE_INTEGER - i;
+  };
   return [...files].sort((a, b) => weight(b) - weight(a) || a.localeCompare(b));
 }
 
 function runChecks() {
   const bin = (name) => join(root, "node_modules", ".bin", name);
   step("lint (eslint) ...");
-  run(bin("eslint"), ["."], { what: "lint" });
+  run(bin("eslint"), ["."], { what: "lint", timed: true });
   step("format check (prettier) ...");
   run(bin("prettier"), ["--check", "--log-level=warn", "."], {
     what: "format check (run `npm run format`)",
+    timed: true,
   });
   step("generated code check (protobuf) ...");
   if (existsSync(join(root, "scripts", "check-proto.mjs")))
-    run(process.execPath, [join(root, "scripts", "check-proto.mjs")], { what: "protobuf check" });
+    run(process.execPath, [join(root, "scripts", "check-proto.mjs")], {
+      what: "protobuf check",
+      timed: true,
+    });
 }
 
 function runTests(tiers, filter) {
@@ -180,11 +192,12 @@ function runTests(tiers, filter) {
     step(`node --test (${tiers.join(", ")}: ${files.length} files) ...`);
     run(process.execPath, ["--test", `--test-concurrency=${concurrency}`, ...reporters, ...files], {
       what: "tests",
+      timed: true,
     });
   }
   if (alone.length) {
     step("node --test (the fault suite, small profile) ...");
-    run(process.execPath, ["--test", "--test-reporter=spec", ...alone], { what: "fault suite" });
+    run(process.execPath, ["--test", "--test-reporter=spec", ...alone], { what: "fault suite", timed: true });
   }
 }
 
