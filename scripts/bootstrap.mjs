@@ -5,7 +5,8 @@
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
-import { join, dirname } from "node:path";
+import { join, dirname, relative } from "node:path";
+import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -17,6 +18,7 @@ function step(what) {
 }
 
 function run(cmd, args, opts = {}) {
+  const started = performance.now();
   const r = spawnSync(cmd, args, {
     cwd: root,
     stdio: opts.capture ? ["ignore", "pipe", "inherit"] : "inherit",
@@ -30,6 +32,8 @@ function run(cmd, args, opts = {}) {
     );
     process.exit(r.status ?? 1);
   }
+  // CI's log says where its time went (scripts/test-times.mjs breaks the test run down by file)
+  if (opts.timed) step(`${opts.what}: ${((performance.now() - started) / 1000).toFixed(1)} s`);
   return r.stdout;
 }
 
@@ -63,7 +67,10 @@ function ensureBuild() {
   );
   if (existsSync(info) && statSync(info).mtimeMs >= newest) return;
   step("building (tsc) ...");
-  run(join(root, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.json"], { what: "TypeScript build" });
+  run(join(root, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.json"], {
+    what: "TypeScript build",
+    timed: true,
+  });
 }
 
 function ensureNatsServer() {
@@ -87,17 +94,111 @@ function exec(cmd, args) {
   child.on("exit", (code, signal) => process.exit(code ?? (signal ? 128 + 1 : 1)));
 }
 
-function testFiles() {
+// The test tiers, as folders of dist/: unit tests need no stack (beside the code in src/, and
+// test/unit/); integration suites start real services, one folder per service; end-to-end suites
+// start the whole plane as processes, across networks, or a NATS cluster. The fault suite's small
+// profile (test/e2e/faults.test.ts) runs alone, after the others: it puts the machine under load and
+// times what it sees.
+const TIERS = {
+  unit: ["dist/src", "dist/test/unit"],
+  integration: ["dist/test/integration"],
+  e2e: ["dist/test/e2e"],
+};
+const FAULTS = join("dist", "test", "e2e", "faults.test.js");
+
+// Files known to run longest (per-file times from scripts/test-times.mjs, longest first), started
+// first: node --test starts files in the order given, and a long file started last runs alone at
+// the end while the other slot sits idle. A run's recorded times (dist/.test-times.json) order the
+// files they cover.
+const SLOW_FIRST = [
+  "integration/cli/cli.test.js",
+  "integration/grpc-proxy/grpc.test.js",
+  "e2e/processes.test.js",
+  "integration/secrets/secrets-cli.test.js",
+  "e2e/stack.test.js",
+  "integration/invocation/data-path.test.js",
+  "integration/invocation/invocation.test.js",
+  "integration/compute/compute.test.js",
+  "integration/invocation/invocation-attach.test.js",
+  "unit/render.test.js",
+  "integration/invocation/relay.test.js",
+  "integration/secrets/secrets-rotation.test.js",
+  "integration/admin-issuer/issuer-withdrawal.test.js",
+  "integration/grpc-proxy/grpc-python.test.js",
+  "integration/store/store-postgres.test.js",
+];
+
+function testFiles(dirs) {
   const found = [];
   const walk = (dir) => {
     for (const e of readdirSync(dir, { withFileTypes: true })) {
       const p = join(dir, e.name);
       if (e.isDirectory()) walk(p);
-      else if (e.name.endsWith(".test.js")) found.push(p);
+      else if (e.name.endsWith(".test.js")) found.push(relative(root, p));
     }
   };
-  for (const d of ["dist/src", "dist/test"]) if (existsSync(join(root, d))) walk(join(root, d));
+  for (const d of dirs) if (existsSync(join(root, d))) walk(join(root, d));
   return found.sort();
+}
+
+/** Longest first: by the last recorded run's times; a file not recorded by SLOW_FIRST, ahead of them. */
+function slowFirst(files) {
+  let times = {};
+  try {
+    times = JSON.parse(readFileSync(join(root, "dist", ".test-times.json"), "utf8"));
+  } catch {
+    // no run recorded yet (a clean clone): the fixed list alone
+  }
+  const weight = (f) => {
+    if (times[f] !== undefined) return times[f];
+    const i = SLOW_FIRST.findIndex((s) => f.endsWith(s));
+    return i < 0 ? 0 : Number.MAX_SAFE_INTEGER - i;
+  };
+  return [...files].sort((a, b) => weight(b) - weight(a) || a.localeCompare(b));
+}
+
+function runChecks() {
+  const bin = (name) => join(root, "node_modules", ".bin", name);
+  step("lint (eslint) ...");
+  run(bin("eslint"), ["."], { what: "lint", timed: true });
+  step("format check (prettier) ...");
+  run(bin("prettier"), ["--check", "--log-level=warn", "."], {
+    what: "format check (run `npm run format`)",
+    timed: true,
+  });
+  step("generated code check (protobuf) ...");
+  if (existsSync(join(root, "scripts", "check-proto.mjs")))
+    run(process.execPath, [join(root, "scripts", "check-proto.mjs")], {
+      what: "protobuf check",
+      timed: true,
+    });
+}
+
+function runTests(tiers, filter) {
+  const chosen = testFiles(tiers.flatMap((t) => TIERS[t])).filter(
+    (f) => filter.length === 0 || filter.some((x) => f.includes(x)),
+  );
+  const alone = chosen.filter((f) => f === FAULTS);
+  const files = slowFirst(chosen.filter((f) => f !== FAULTS));
+  const concurrency = process.env.CALLPLANE_TEST_CONCURRENCY ?? "2";
+  // the spec reporter, and at the end each file's time (written down for the next run's order)
+  const reporters = [
+    "--test-reporter=spec",
+    "--test-reporter-destination=stdout",
+    `--test-reporter=${join(root, "scripts", "test-times.mjs")}`,
+    "--test-reporter-destination=stdout",
+  ];
+  if (files.length) {
+    step(`node --test (${tiers.join(", ")}: ${files.length} files) ...`);
+    run(process.execPath, ["--test", `--test-concurrency=${concurrency}`, ...reporters, ...files], {
+      what: "tests",
+      timed: true,
+    });
+  }
+  if (alone.length) {
+    step("node --test (the fault suite, small profile) ...");
+    run(process.execPath, ["--test", "--test-reporter=spec", ...alone], { what: "fault suite", timed: true });
+  }
 }
 
 ensureDependencies();
@@ -109,46 +210,31 @@ switch (command) {
     break;
   }
   case "test": {
+    // everything, as CI runs it: the checks, every tier, then the fault suite's small profile
     ensureNatsServer();
     // the gRPC tests call grpc-proxy with Python's grpcio as well (Debian's python3-grpcio)
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
-    const bin = (name) => join(root, "node_modules", ".bin", name);
-    step("lint (eslint) ...");
-    run(bin("eslint"), ["."], { what: "lint" });
-    step("format check (prettier) ...");
-    run(bin("prettier"), ["--check", "--log-level=warn", "."], {
-      what: "format check (run `npm run format`)",
-    });
-    step("generated code check (protobuf) ...");
-    if (existsSync(join(root, "scripts", "check-proto.mjs")))
-      run(process.execPath, [join(root, "scripts", "check-proto.mjs")], { what: "protobuf check" });
-    const filter = rest.length > 0 ? rest : null;
-    const chosen = testFiles().filter((f) => !filter || filter.some((x) => f.includes(x)));
-    // the fault suite's small profile puts the machine under load and times what it sees: it runs
-    // alone, after the others
-    const alone = chosen.filter((f) => f.endsWith(join("test", "faults.test.js")));
-    const files = chosen.filter((f) => !alone.includes(f));
-    const concurrency = process.env.CALLPLANE_TEST_CONCURRENCY ?? "2";
-    if (files.length) {
-      step(`node --test (${files.length} files) ...`);
-      run(
-        process.execPath,
-        ["--test", `--test-concurrency=${concurrency}`, "--test-reporter=spec", ...files],
-        {
-          what: "tests",
-        },
-      );
-    }
-    if (alone.length) {
-      step("node --test (the fault suite, small profile) ...");
-      run(process.execPath, ["--test", "--test-reporter=spec", ...alone], { what: "fault suite" });
-    }
+    runChecks();
+    runTests(["unit", "integration", "e2e"], rest);
+    break;
+  }
+  case "unit": {
+    // the quick loop: no stack (render's check runs `nats-server -t`, so it is found or fetched)
+    ensureNatsServer();
+    runTests(["unit"], rest);
+    break;
+  }
+  case "integration":
+  case "e2e": {
+    ensureNatsServer();
+    run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
+    runTests([command], rest);
     break;
   }
   case "faults": {
     ensureNatsServer();
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
-    exec(process.execPath, [join(root, "dist", "test", "faults", "run.js"), ...rest]);
+    exec(process.execPath, [join(root, "dist", "test", "e2e", "faults", "run.js"), ...rest]);
     break;
   }
   case "bench": {
@@ -157,6 +243,6 @@ switch (command) {
     break;
   }
   default:
-    console.error(`unknown command ${command}; use start, test, faults or bench`);
+    console.error(`unknown command ${command}; use start, test, unit, integration, e2e, faults or bench`);
     process.exit(2);
 }

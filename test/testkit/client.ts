@@ -1,5 +1,6 @@
-// Small client-side helpers for invocation tests: what a client sends and how it reads what comes
-// back (problem bodies, polling for a condition with a deadline instead of sleeping).
+// HTTP clients for tests: call (fetch returning status, headers and the parsed JSON body), what an
+// invocation client sends and how it reads what comes back (problem bodies, polling for a condition
+// with a deadline instead of sleeping).
 import assert from "node:assert/strict";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -51,4 +52,46 @@ export async function waitFor<T>(
 
 export function bearer(key: string, extra: Record<string, string> = {}): Record<string, string> {
   return { authorization: `Bearer ${key}`, ...extra };
+}
+
+export interface JsonResponse<T = unknown> {
+  status: number;
+  headers: Headers;
+  body: T;
+  text: string;
+}
+
+/** fetch() that returns status, headers and the parsed JSON body (or undefined). */
+export async function call<T = Record<string, unknown>>(
+  url: string,
+  init: {
+    method?: string;
+    token?: string;
+    body?: unknown;
+    rawBody?: string | Buffer;
+    headers?: Record<string, string>;
+  } = {},
+): Promise<JsonResponse<T>> {
+  const headers: Record<string, string> = { ...init.headers };
+  if (init.token) headers.authorization = `Bearer ${init.token}`;
+  let body: string | Buffer | undefined;
+  if (init.body !== undefined) {
+    body = JSON.stringify(init.body);
+    headers["content-type"] ??= "application/json";
+  } else if (init.rawBody !== undefined) {
+    body = init.rawBody;
+  }
+  const res = await fetch(url, {
+    method: init.method ?? (body !== undefined ? "POST" : "GET"),
+    headers,
+    body,
+  });
+  const text = await res.text();
+  let parsed: unknown;
+  try {
+    parsed = text ? JSON.parse(text) : undefined;
+  } catch {
+    parsed = undefined;
+  }
+  return { status: res.status, headers: res.headers, body: parsed as T, text };
 }

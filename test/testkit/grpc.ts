@@ -1,7 +1,7 @@
 // A gRPC invocation plane for tests: nats-server, the API, a gRPC function with an API key, the
 // example gRPC server (in this process, so a test can read its counters), grpc-proxy replicas on
 // their own loopback addresses and worker agents, all real and stopped when the test ends. Clients:
-// @grpc/grpc-js (grpcClient) and Python's grpcio (runPython, test/grpc_client.py).
+// @grpc/grpc-js (grpcClient) and Python's grpcio (runPython, test/testkit/grpc_client.py).
 import { create } from "@bufbuild/protobuf";
 import {
   Metadata,
@@ -27,7 +27,10 @@ import {
 } from "../../src/services/grpc-proxy/service.js";
 import { createWorkerAgent, type WorkerAgent } from "../../src/services/worker/agent.js";
 import { workerConfigFromEnv } from "../../src/services/worker/config.js";
-import { removeDir, repoRoot, startApi, startNats, type ApiFixture, type Nats } from "./index.js";
+import { startNats, type Nats } from "./nats.js";
+import { repoRoot } from "./paths.js";
+import { removeDir } from "./scope.js";
+import { startApi, type ApiFixture } from "./services.js";
 import { deployFunction, readLog, type DeployedFunction } from "./plane.js";
 
 type Ctx = Pick<TestContext, "after">;
@@ -207,13 +210,13 @@ export function unary(
   });
 }
 
-/** Runs test/grpc_client.py with /usr/bin/python3 (Debian's python3-grpcio); resolves with its JSON output. */
+/** Runs test/testkit/grpc_client.py with /usr/bin/python3 (Debian's python3-grpcio); resolves with its JSON output. */
 export function runPython(
   args: string[],
   input?: string,
 ): Promise<{ code: number | null; out: unknown; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn("/usr/bin/python3", [join(repoRoot, "test", "grpc_client.py"), ...args], {
+    const child = spawn("/usr/bin/python3", [join(repoRoot, "test", "testkit", "grpc_client.py"), ...args], {
       stdio: ["pipe", "pipe", "pipe"],
     });
     let stdout = "";

@@ -24,7 +24,8 @@ import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/
 import { TLS_FILES } from "../../src/lib/pki.js";
 import { connectNats } from "../../src/lib/queue.js";
 import type { NatsAuthCalloutOptions } from "../../src/services/nats-auth-callout/service.js";
-import { removeDir, startTestCallout, type Nats } from "./index.js";
+import { startTestCallout, type Nats } from "./nats.js";
+import { removeDir } from "./scope.js";
 import { freePort } from "./plane.js";
 import { testPki } from "./tls.js";
 

@@ -3,12 +3,11 @@
 // callback proxy with a test PKI. Services run in this process on 127.0.0.1:0 unless a test asks
 // for other loopback addresses (replicaHosts) or child processes.
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { IncomingMessage, Server, ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { createServer as createNetServer, type AddressInfo } from "node:net";
-import { handle as exampleHandler } from "../../examples/inference-server.js";
 import { writeFileAtomic } from "../../src/lib/auth.js";
 import { createLogger, type Logger } from "../../src/lib/log.js";
 import { createRegistry, type Registry } from "../../src/lib/metrics.js";
@@ -24,8 +23,14 @@ import {
 } from "../../src/services/invocation/service.js";
 import { createWorkerAgent, type WorkerAgent } from "../../src/services/worker/agent.js";
 import { workerConfigFromEnv } from "../../src/services/worker/config.js";
-import { call, sampleDeployment, startApi, startNats, type ApiFixture, type Nats } from "./index.js";
+import { call } from "./client.js";
+import { startNats, type Nats } from "./nats.js";
+import { sampleDeployment } from "./samples.js";
+import { startApi, type ApiFixture } from "./services.js";
+import { startExampleServer } from "./inference.js";
 import { testPki, type TestPki } from "./tls.js";
+// moved to inference.ts; tests import it from here
+export { startExampleServer } from "./inference.js";
 
 type Ctx = Pick<TestContext, "after">;
 
@@ -72,21 +77,6 @@ export function readLog(file: string): Array<Record<string, unknown>> {
     .split("\n")
     .filter(Boolean)
     .map((l) => JSON.parse(l) as Record<string, unknown>);
-}
-
-export async function startExampleServer(
-  t: Ctx,
-  host = "127.0.0.1",
-  handler: (req: IncomingMessage, res: ServerResponse) => void = exampleHandler,
-): Promise<{ server: Server; port: number; url: string }> {
-  const server = createServer({ keepAliveTimeout: 65_000 }, handler);
-  await new Promise<void>((r) => server.listen(0, host, r));
-  t.after(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  const port = (server.address() as AddressInfo).port;
-  return { server, port, url: `http://${host}:${port}` };
 }
 
 export interface DeployedFunction {

@@ -11,7 +11,8 @@ import type { TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { freePort } from "./plane.js";
-import { removeDir, repoRoot } from "./index.js";
+import { repoRoot } from "./paths.js";
+import { removeDir } from "./scope.js";
 
 type Ctx = Pick<TestContext, "after">;
 

@@ -8,11 +8,16 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { parseChildMessage } from "../../src/lib/control.js";
-import { distRoot, startApi, startNats, tmpDir, type ApiFixture, type Nats } from "./index.js";
+import { startNats, type Nats } from "./nats.js";
+import { distRoot } from "./paths.js";
+import { tmpDir } from "./scope.js";
+import { startApi, type ApiFixture } from "./services.js";
+// Scope and reverseScope moved to scope.ts; many tests import them from here
+import { reverseScope } from "./scope.js";
+export { Scope, reverseScope } from "./scope.js";
 import { deployFunction, workerEnv, type DeployedFunction } from "./plane.js";
 
 type Ctx = Pick<TestContext, "after">;
-type Hook = NonNullable<Parameters<TestContext["after"]>[0]>;
 
 export const scripts = {
   invocation: join(distRoot, "src", "services", "invocation", "main.js"),
@@ -22,35 +27,6 @@ export const scripts = {
   grpcProxy: join(distRoot, "src", "services", "grpc-proxy", "main.js"),
   grpcExampleServer: join(distRoot, "examples", "grpc-server.js"),
 } as const;
-
-/**
- * Cleanups that run last-registered-first (node:test runs t.after hooks in registration order):
- * every hook runs, and close() rejects with the first error. Stands in for a test's `t.after`
- * where there is no test (the fault suite runs as its own program).
- */
-export class Scope implements Ctx {
-  private hooks: Hook[] = [];
-  after: Ctx["after"] = (fn) => void (fn && this.hooks.push(fn));
-  async close(t?: TestContext): Promise<void> {
-    let failed: { err: unknown } | undefined;
-    for (const h of this.hooks.reverse()) {
-      try {
-        await h(t as TestContext, () => undefined);
-      } catch (err) {
-        failed ??= { err };
-      }
-    }
-    this.hooks = [];
-    if (failed) throw failed.err;
-  }
-}
-
-/** A Scope closed inside one t.after of the test: its hooks run in reverse, the first error fails the test. */
-export function reverseScope(t: Ctx): Ctx {
-  const scope = new Scope();
-  t.after((tc) => scope.close(tc));
-  return scope;
-}
 
 export interface ProcessExit {
   code: number | null;

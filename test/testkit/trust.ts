@@ -6,7 +6,10 @@ import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { connect, nkeyAuthenticator, tokenAuthenticator, type NatsConnection } from "@nats-io/transport-node";
 import { INBOX, workerAuthToken } from "../../src/lib/nats-auth.js";
-import { call, tmpDir, type ApiFixture, type Nats } from "./index.js";
+import { call } from "./client.js";
+import type { Nats } from "./nats.js";
+import { tmpDir } from "./scope.js";
+import type { ApiFixture } from "./services.js";
 import { readLog } from "./plane.js";
 
 type Ctx = Pick<TestContext, "after">;

@@ -1,0 +1,466 @@
+// The worker callback proxy against a corpus of hostile and malformed requests. Every refusal is
+// checked for its status and for opening no connection to the pod; accepted callbacks for what the
+// pod receives. The pod is a real HTTPS server with a certificate from a real test CA.
+import assert from "node:assert/strict";
+import { createServer as createHttpServer } from "node:http";
+import { connect as netConnect, type AddressInfo } from "node:net";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { test, type TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import { connect as tlsConnect } from "node:tls";
+import { Agent } from "undici";
+import { createLogger } from "../../../src/lib/log.js";
+import { createCallbackProxy } from "../../../src/services/callback-proxy/service.js";
+import { tmpDir } from "../../testkit/index.js";
+import { rawTls, startCountingPod, testPki, type CountingPod, type TestPki } from "../../testkit/tls.js";
+
+const DOMAIN = "nvcf.svc.cluster.local";
+const POD = `127-0-0-1.invocation.${DOMAIN}`;
+const PATH = "/v2/nvcf/worker/request-attach";
+
+interface Fixture {
+  pki: TestPki;
+  pod: CountingPod;
+  proxyPort: number;
+  target: string;
+  accessLog: () => Array<Record<string, unknown>>;
+}
+
+async function fixture(
+  t: TestContext,
+  opts: {
+    connect?: boolean;
+    idleMs?: number;
+    headersMs?: number;
+    podCert?: "ok" | "other-ca" | "other-name";
+    podHandler?: Parameters<typeof startCountingPod>[2];
+  } = {},
+): Promise<Fixture> {
+  const pki = await testPki();
+  let podCert = await pki.issue([POD]);
+  if (opts.podCert === "other-ca") podCert = await (await testPki()).issue([POD]);
+  if (opts.podCert === "other-name") podCert = await pki.issue([`127-0-0-2.invocation.${DOMAIN}`]);
+  const pod = await startCountingPod(t, podCert, opts.podHandler);
+  const front = await pki.issue(["*.worker.callplane.test"]);
+  const logFile = join(tmpDir(t), "proxy.log");
+  const logger = createLogger("callback-proxy", { destination: logFile, sync: true });
+  const proxy = createCallbackProxy({
+    listen: { host: "127.0.0.1", port: 0 },
+    serviceDomain: DOMAIN,
+    podNetworks: ["127.0.0.0/29"],
+    upstreamTls: true,
+    podPort: pod.port,
+    connectEnabled: opts.connect ?? false,
+    frontend: { cert: front.certPem, key: front.keyPem },
+    podCa: pki.ca.certPem,
+    timeouts: { headersMs: opts.headersMs ?? 10_000, idleMs: opts.idleMs ?? 30_000, connectMs: 2000 },
+    maxHeaderBytes: 16 * 1024,
+    connectionsPerPod: 8,
+    logger,
+  });
+  const url = await proxy.listen();
+  t.after(() => proxy.destroy());
+  return {
+    pki,
+    pod,
+    proxyPort: Number(url.port),
+    target: `http://${POD}:${pod.port}`,
+    accessLog: () => {
+      logger.flush();
+      return readFileSync(logFile, "utf8")
+        .split("\n")
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as Record<string, unknown>)
+        .filter((l) => l.msg === "callback");
+    },
+  };
+}
+
+function req(lines: string[], body = ""): string {
+  return `${lines.join("\r\n")}\r\n\r\n${body}`;
+}
+
+function post(f: Fixture, extra: string[] = [], body = "hello", target = `${f.target}${PATH}`): string {
+  return req(
+    [
+      `POST ${target} HTTP/1.1`,
+      `Host: ${POD}:${f.pod.port}`,
+      "Authorization: Bearer t0k3n",
+      `Content-Length: ${Buffer.byteLength(body)}`,
+      "Connection: close",
+      ...extra,
+    ],
+    body,
+  );
+}
+
+test("a well-formed callback reaches the pod with its token, and leaves one access-log line", async (t) => {
+  const f = await fixture(t);
+  const r = await rawTls(f.proxyPort, post(f, ["Proxy-Connection: keep-alive", "Keep-Alive: timeout=5"]), {
+    ca: f.pki.ca.certPem,
+  });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(f.pod.requests.length, 1);
+  const seen = f.pod.requests[0];
+  assert.equal(seen.method, "POST");
+  assert.equal(seen.url, PATH);
+  assert.equal(seen.body, "hello");
+  assert.equal(seen.headers.authorization, "Bearer t0k3n");
+  assert.equal(seen.headers.host, `${POD}:${f.pod.port}`);
+  assert.equal(seen.headers["proxy-connection"], undefined, "Proxy-Connection is stripped, not refused");
+  assert.equal(seen.headers["keep-alive"], undefined);
+  await sleep(50);
+  const line = f.accessLog().at(-1)!;
+  assert.equal(line.status, 200);
+  assert.equal(line.outcome, "forwarded");
+  assert.equal(line.target, POD);
+  assert.equal(line.path, PATH);
+  assert.equal(line.bytesIn, 5);
+  assert.ok(typeof line.bytesOut === "number" && line.bytesOut > 0);
+  assert.ok(typeof line.durationMs === "number");
+  assert.match(String(line.worker), /^127\.0\.0\.1:\d+$/);
+  assert.ok(!JSON.stringify(line).includes("t0k3n"), "the access log never holds the token");
+});
+
+test("a callback with Expect: 100-continue is forwarded: the proxy answers the expectation itself", async (t) => {
+  const f = await fixture(t);
+  // what curl sends for bodies over 1 MiB; the upstream client refused it before, and the worker
+  // got a 502 for a callback that was fine
+  const r = await rawTls(f.proxyPort, post(f, ["Expect: 100-continue"]), { ca: f.pki.ca.certPem });
+  assert.match(r.text, /^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 200 /, r.text);
+  assert.equal(f.pod.requests.length, 1);
+  assert.equal(f.pod.requests[0].body, "hello");
+  assert.equal(f.pod.requests[0].headers.expect, undefined, "the pod is not asked to continue again");
+});
+
+test("a Connection header cannot strip the Authorization a callback needs", async (t) => {
+  const f = await fixture(t);
+  const r = await rawTls(f.proxyPort, post(f, ["Connection: close, authorization, x-drop"], "x"), {
+    ca: f.pki.ca.certPem,
+  });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(f.pod.requests[0].headers.authorization, "Bearer t0k3n");
+});
+
+test("hostile targets and paths are refused without any connection to the pod", async (t) => {
+  const f = await fixture(t);
+  const p = f.pod.port;
+  const corpus: Array<[string, string, number]> = [
+    ["another path", `http://${POD}:${p}/v2/nvcf/functions`, 404],
+    ["trailing slash", `http://${POD}:${p}${PATH}/`, 404],
+    ["dot segments", `http://${POD}:${p}/v2/nvcf/worker/../worker/request-attach`, 404],
+    ["encoded slash", `http://${POD}:${p}/v2/nvcf/worker%2frequest-attach`, 404],
+    ["double slash", `http://${POD}:${p}/${PATH}`, 404],
+    ["matrix parameter", `http://${POD}:${p}${PATH};x=1`, 404],
+    ["upper-case path", `http://${POD}:${p}${PATH.toUpperCase()}`, 404],
+    ["a query", `http://${POD}:${p}${PATH}?x=1`, 400],
+    ["origin form", PATH, 400],
+    ["a foreign host", `http://example.com${PATH}`, 400],
+    ["a foreign host with the port", `http://example.com:${p}${PATH}`, 400],
+    ["an IP literal", `http://127.0.0.1:${p}${PATH}`, 400],
+    ["outside the pod networks", `http://10-0-0-1.invocation.${DOMAIN}:${p}${PATH}`, 403],
+    ["just outside the /29", `http://127-0-0-9.invocation.${DOMAIN}:${p}${PATH}`, 403],
+    ["a leading zero", `http://127-0-0-01.invocation.${DOMAIN}:${p}${PATH}`, 400],
+    ["an octet above 255", `http://127-0-0-256.invocation.${DOMAIN}:${p}${PATH}`, 400],
+    ["an extra label", `http://x.${POD}:${p}${PATH}`, 400],
+    ["another domain", `http://127-0-0-1.invocation.evil.example:${p}${PATH}`, 400],
+    ["the domain as a prefix", `http://127-0-0-1.invocation.${DOMAIN}.evil.example:${p}${PATH}`, 400],
+    ["a trailing dot", `http://${POD}.:${p}${PATH}`, 400],
+    ["another port", `http://${POD}:${p + 1}${PATH}`, 400],
+    ["no port", `http://${POD}${PATH}`, 400],
+    ["user information", `http://user@${POD}:${p}${PATH}`, 400],
+    ["an https target", `https://${POD}:${p}${PATH}`, 400],
+    ["percent-encoded host", `http://127%2D0-0-1.invocation.${DOMAIN}:${p}${PATH}`, 400],
+  ];
+  for (const [name, target, want] of corpus) {
+    const r = await rawTls(
+      f.proxyPort,
+      req([`POST ${target} HTTP/1.1`, `Host: ${POD}:${p}`, "Content-Length: 0", "Connection: close"]),
+      { ca: f.pki.ca.certPem },
+    );
+    assert.equal(r.status, want, `${name}: ${r.text.split("\r\n")[0]}`);
+    if (want !== 404) assert.match(r.text, /application\/problem\+json/, name);
+  }
+  assert.equal(f.pod.connections, 0, "no refused request opened a connection to the pod");
+  await sleep(50);
+  const refusals = f.accessLog().filter((l) => String(l.outcome).startsWith("refused"));
+  assert.equal(refusals.length, corpus.length, "every refusal is one access-log line");
+  assert.ok(
+    refusals.every((l) => typeof l.reason === "string" && l.reason.length > 0),
+    "every refusal logs its reason",
+  );
+});
+
+test("a Host header that disagrees with the target is refused", async (t) => {
+  const f = await fixture(t);
+  for (const host of ["evil.example", `127-0-0-2.invocation.${DOMAIN}:${f.pod.port}`, `${POD}:1`]) {
+    const r = await rawTls(
+      f.proxyPort,
+      post(f, [], "", `${f.target}${PATH}`).replace(`Host: ${POD}:${f.pod.port}`, `Host: ${host}`),
+      { ca: f.pki.ca.certPem },
+    );
+    assert.equal(r.status, 400, host);
+    assert.match(r.text, /PROXY_HOST_MISMATCH/);
+  }
+  // two Host headers, the first one right: Node keeps only the first, so it is refused outright
+  const twice = await rawTls(f.proxyPort, post(f, ["Host: evil.example"]), { ca: f.pki.ca.certPem });
+  assert.equal(twice.status, 400, twice.text);
+  assert.match(twice.text, /PROXY_HOST_MISMATCH/);
+  assert.equal(f.pod.connections, 0);
+  // no Host at all is fine: the target names the pod, and the pod gets it as Host
+  const none = await rawTls(f.proxyPort, post(f).replace(`Host: ${POD}:${f.pod.port}\r\n`, ""), {
+    ca: f.pki.ca.certPem,
+  });
+  assert.equal(none.status, 200, none.text);
+  assert.equal(f.pod.requests.at(-1)?.headers.host, `${POD}:${f.pod.port}`);
+});
+
+test("an Expect other than 100-continue is 417 with a problem body, never forwarded", async (t) => {
+  const f = await fixture(t);
+  const r = await rawTls(f.proxyPort, post(f, ["Expect: 200-ok"]), { ca: f.pki.ca.certPem });
+  assert.equal(r.status, 417, r.text);
+  assert.match(r.text, /application\/problem\+json[\s\S]*EXPECTATION_FAILED/);
+  assert.equal(f.pod.connections, 0);
+});
+
+test("methods other than GET and POST are refused; CONNECT is refused with 405 when off", async (t) => {
+  const f = await fixture(t);
+  const put = await rawTls(
+    f.proxyPort,
+    req([
+      `PUT ${f.target}${PATH} HTTP/1.1`,
+      `Host: ${POD}:${f.pod.port}`,
+      "Content-Length: 0",
+      "Connection: close",
+    ]),
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(put.status, 405);
+  const connect = await rawTls(
+    f.proxyPort,
+    req([`CONNECT ${POD}:${f.pod.port} HTTP/1.1`, `Host: ${POD}:${f.pod.port}`]),
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(connect.status, 405);
+  assert.match(connect.text, /CONNECT_DISABLED/);
+  assert.equal(f.pod.connections, 0);
+});
+
+test("with CONNECT on, a tunnel opens only to a pod address", async (t) => {
+  const f = await fixture(t, { connect: true });
+  const bad = await rawTls(f.proxyPort, req([`CONNECT example.com:443 HTTP/1.1`, "Host: example.com:443"]), {
+    ca: f.pki.ca.certPem,
+  });
+  assert.equal(bad.status, 400);
+  const outside = await rawTls(
+    f.proxyPort,
+    req([`CONNECT 10-0-0-1.invocation.${DOMAIN}:${f.pod.port} HTTP/1.1`, "Host: x"]),
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(outside.status, 403);
+  assert.equal(f.pod.connections, 0);
+  // a real tunnel: CONNECT, then TLS to the pod inside it, verified by the pod's own name
+  const outer = tlsConnect({
+    host: "127.0.0.1",
+    port: f.proxyPort,
+    servername: "invocation.worker.callplane.test",
+    ca: f.pki.ca.certPem,
+  });
+  await new Promise<void>((r) => outer.once("secureConnect", () => r()));
+  outer.write(req([`CONNECT ${POD}:${f.pod.port} HTTP/1.1`, `Host: ${POD}:${f.pod.port}`]));
+  const established = await new Promise<string>((r) => outer.once("data", (d: Buffer) => r(d.toString())));
+  assert.match(established, /^HTTP\/1\.1 200/);
+  const inner = tlsConnect({ socket: outer, servername: POD, ca: f.pki.ca.certPem });
+  await new Promise<void>((r) => inner.once("secureConnect", () => r()));
+  inner.write(req([`GET ${PATH} HTTP/1.1`, `Host: ${POD}`, "Connection: close"]));
+  const answer = await new Promise<string>((r) => {
+    let s = "";
+    inner.on("data", (d: Buffer) => (s += d.toString()));
+    inner.once("end", () => r(s));
+  });
+  assert.match(answer, /^HTTP\/1\.1 200/);
+  outer.destroy();
+});
+
+test("ambiguous framing is refused and the connection closed", async (t) => {
+  const f = await fixture(t);
+  const target = `${f.target}${PATH}`;
+  const host = `Host: ${POD}:${f.pod.port}`;
+  const corpus: Array<[string, string]> = [
+    [
+      "Content-Length with Transfer-Encoding",
+      req([`POST ${target} HTTP/1.1`, host, "Content-Length: 5", "Transfer-Encoding: chunked"], "0\r\n\r\n"),
+    ],
+    [
+      "odd Transfer-Encoding (,chunked)",
+      req([`POST ${target} HTTP/1.1`, host, "Transfer-Encoding: ,chunked"], "0\r\n\r\n"),
+    ],
+    [
+      "Transfer-Encoding chunked, gzip",
+      req([`POST ${target} HTTP/1.1`, host, "Transfer-Encoding: chunked, gzip"], "0\r\n\r\n"),
+    ],
+    [
+      "Transfer-Encoding identity",
+      req([`POST ${target} HTTP/1.1`, host, "Transfer-Encoding: identity", "Content-Length: 1"], "x"),
+    ],
+    [
+      "a bad chunk size",
+      req([`POST ${target} HTTP/1.1`, host, "Transfer-Encoding: chunked"], "zz\r\nhello\r\n0\r\n\r\n"),
+    ],
+    ["a signed Content-Length", req([`POST ${target} HTTP/1.1`, host, "Content-Length: +5"], "hello")],
+    [
+      "two different Content-Lengths",
+      req([`POST ${target} HTTP/1.1`, host, "Content-Length: 5", "Content-Length: 6"], "hello!"),
+    ],
+    ["space before the colon", req([`POST ${target} HTTP/1.1`, host, "Content-Length : 5"], "hello")],
+    [
+      "obsolete line folding",
+      req([`POST ${target} HTTP/1.1`, host, "X-Folded: a", " b", "Content-Length: 0"]),
+    ],
+    ["a bare LF line", `POST ${target} HTTP/1.1\r\n${host}\nContent-Length: 0\r\n\r\n`],
+    ["a NUL in a header value", req([`POST ${target} HTTP/1.1`, host, "X-A: a\0b", "Content-Length: 0"])],
+    ["HTTP/1.32", req([`POST ${target} HTTP/1.32`, host, "Content-Length: 0"])],
+  ];
+  for (const [name, payload] of corpus) {
+    const before = f.pod.connections;
+    const r = await rawTls(f.proxyPort, payload, { ca: f.pki.ca.certPem });
+    assert.equal(f.pod.connections, before, `${name}: reached the pod (${r.text.split("\r\n")[0]})`);
+    assert.ok(
+      r.status !== undefined && r.status >= 400 && r.status < 500,
+      `${name}: got ${r.text.split("\r\n")[0]}`,
+    );
+    assert.ok(r.closed, `${name}: the connection must be closed`);
+  }
+  assert.equal(f.pod.connections, 0, "no ambiguous request reached the pod");
+});
+
+test("oversized heads are answered 431", async (t) => {
+  const f = await fixture(t);
+  const big = await rawTls(f.proxyPort, post(f, [`X-Big: ${"a".repeat(20_000)}`]), { ca: f.pki.ca.certPem });
+  assert.equal(big.status, 431);
+  assert.match(big.text, /application\/problem\+json[\s\S]*HEADERS_TOO_LARGE/);
+  const many = await rawTls(
+    f.proxyPort,
+    post(
+      f,
+      Array.from({ length: 120 }, (_, i) => `X-H${i}: 1`),
+    ),
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(many.status, 431);
+  assert.equal(f.pod.connections, 0);
+});
+
+test("a slow client that never finishes its headers is cut off", async (t) => {
+  const f = await fixture(t, { headersMs: 1000 });
+  const started = Date.now();
+  const r = await rawTls(
+    f.proxyPort,
+    `POST ${f.target}${PATH} HTTP/1.1\r\nHost: ${POD}:${f.pod.port}\r\nX-Slow: `,
+    { ca: f.pki.ca.certPem, timeoutMs: 20_000 },
+  );
+  assert.ok(r.closed, "the proxy closed the connection");
+  assert.ok(Date.now() - started < 19_000, "well before the client's own timeout");
+  assert.equal(f.pod.connections, 0);
+});
+
+test("a pod certificate from another CA, or for another pod, is rejected with 502 and the reason logged", async (t) => {
+  for (const podCert of ["other-ca", "other-name"] as const) {
+    const f = await fixture(t, { podCert });
+    const r = await rawTls(f.proxyPort, post(f), { ca: f.pki.ca.certPem });
+    assert.equal(r.status, 502, `${podCert}: ${r.text}`);
+    assert.match(r.text, /UPSTREAM_UNAVAILABLE/);
+    assert.equal(f.pod.requests.length, 0, "nothing was sent to an unverified pod");
+    await sleep(50);
+    const line = f.accessLog().at(-1)!;
+    assert.equal(line.status, 502);
+    assert.match(String(line.reason), /certificate/i, String(line.reason));
+  }
+});
+
+test("an upstream that answers 101 gets the worker a 502", async (t) => {
+  const f = await fixture(t, {
+    podHandler: (_req, res) => {
+      res.writeHead(101, { connection: "upgrade", upgrade: "h2c" });
+      res.end();
+    },
+  });
+  const r = await rawTls(f.proxyPort, post(f, ["Upgrade: h2c", "Connection: upgrade"]), {
+    ca: f.pki.ca.certPem,
+  });
+  assert.equal(r.status, 502, r.text);
+  assert.equal(f.pod.requests[0].headers.upgrade, undefined, "Upgrade is never passed to the pod");
+});
+
+test("an upstream that stalls is ended after the idle timeout with 504", async (t) => {
+  const f = await fixture(t, { idleMs: 800, podHandler: () => undefined });
+  const r = await rawTls(f.proxyPort, post(f), { ca: f.pki.ca.certPem, timeoutMs: 10_000 });
+  assert.equal(r.status, 504, r.text);
+  assert.match(r.text, /UPSTREAM_TIMEOUT/);
+});
+
+test("a pod that is gone gets the worker a clear 502 at once", async (t) => {
+  const f = await fixture(t);
+  f.pod.server.close();
+  f.pod.server.closeAllConnections();
+  await sleep(50);
+  const started = Date.now();
+  const r = await rawTls(f.proxyPort, post(f), { ca: f.pki.ca.certPem });
+  assert.equal(r.status, 502);
+  assert.match(r.text, /nothing listens/);
+  assert.ok(Date.now() - started < 2000);
+});
+
+test("callbacks to one pod reuse a pooled connection, and large bodies stream both ways", async (t) => {
+  const f = await fixture(t, {
+    podHandler: (_req, res, body) => {
+      res.writeHead(200, { "content-type": "application/octet-stream" });
+      res.end(Buffer.alloc(body.length * 2, "y"));
+    },
+  });
+  const agent = new Agent({
+    connect: { ca: f.pki.ca.certPem, servername: "invocation.worker.callplane.test" },
+  });
+  t.after(() => agent.close());
+  for (let i = 0; i < 10; i++) {
+    const r = await agent.request({
+      origin: `https://127.0.0.1:${f.proxyPort}`,
+      method: "POST",
+      path: `${f.target}${PATH}`,
+      headers: { host: `${POD}:${f.pod.port}`, authorization: "Bearer x" },
+      // the Host header names the pod; the TLS session is with the proxy
+      ...({ servername: "invocation.worker.callplane.test" } as object),
+      body: Buffer.alloc(i === 9 ? 8 * 1024 * 1024 : 100, "x"),
+    });
+    const got = Buffer.from(await r.body.arrayBuffer());
+    assert.equal(r.statusCode, 200);
+    assert.equal(got.length, i === 9 ? 16 * 1024 * 1024 : 200);
+  }
+  assert.equal(f.pod.connections, 1, "ten callbacks, one upstream connection");
+});
+
+test("a worker that sends no server name gets the same frontend certificate", async (t) => {
+  const f = await fixture(t);
+  const s = tlsConnect({ host: "127.0.0.1", port: f.proxyPort, rejectUnauthorized: false });
+  await new Promise<void>((r) => s.once("secureConnect", () => r()));
+  const cert = s.getPeerCertificate();
+  s.destroy();
+  assert.match(cert.subjectaltname ?? "", /\*\.worker\.callplane\.test/);
+});
+
+test("plain HTTP to the frontend is not served", async (t) => {
+  const f = await fixture(t);
+  const answer = await new Promise<string>((resolve) => {
+    const s = netConnect(f.proxyPort, "127.0.0.1", () => s.write(post(f)));
+    let text = "";
+    s.on("data", (d: Buffer) => (text += d.toString("latin1")));
+    s.on("close", () => resolve(text));
+    s.on("error", () => resolve(text));
+  });
+  assert.doesNotMatch(answer, /^HTTP\/1\.1 200/);
+  assert.equal(f.pod.connections, 0);
+  // keep the import of createHttpServer honest: a plain server is what a pod without TLS would be
+  assert.equal(typeof createHttpServer, "function");
+  void (null as unknown as AddressInfo);
+});
