@@ -8,19 +8,19 @@ import { join } from "node:path";
 import { after, test } from "node:test";
 import Database from "better-sqlite3";
 import pg from "pg";
-import { migratePostgres, migrateSqlite } from "../src/services/api/db/migrate.js";
-import { MIGRATIONS } from "../src/services/api/db/migrations.js";
-import { numbered } from "../src/services/api/db/postgres.js";
+import { migratePostgres, migrateSqlite } from "../../../src/services/api/db/migrate.js";
+import { MIGRATIONS } from "../../../src/services/api/db/migrations.js";
+import { numbered } from "../../../src/services/api/db/postgres.js";
 import {
   openIdentityStore,
   openPostgresIdentityStore,
   type IdentityStore,
-} from "../src/services/api/identity-store.js";
-import { openSqliteSecretStorage, type SecretStorage } from "../src/services/api/secrets/storage.js";
-import { openPostgresSecretStorage } from "../src/services/api/secrets/storage-postgres.js";
-import { openPostgresStore } from "../src/services/api/store/postgres.js";
-import { openSqliteStore } from "../src/services/api/store/sqlite.js";
-import type { Store } from "../src/services/api/store/types.js";
+} from "../../../src/services/api/identity-store.js";
+import { openSqliteSecretStorage, type SecretStorage } from "../../../src/services/api/secrets/storage.js";
+import { openPostgresSecretStorage } from "../../../src/services/api/secrets/storage-postgres.js";
+import { openPostgresStore } from "../../../src/services/api/store/postgres.js";
+import { openSqliteStore } from "../../../src/services/api/store/sqlite.js";
+import type { Store } from "../../../src/services/api/store/types.js";
 import {
   MIGRATION_TABLE,
   SECRETS_V1_POSTGRES,
@@ -28,9 +28,9 @@ import {
   STORE_V1,
   STORE_V1_NAME,
   oldSchema,
-} from "./fixtures/schema-before-runner.js";
-import { tmpDir } from "./testkit/index.js";
-import { startPostgres, type Postgres } from "./testkit/postgres.js";
+} from "../../fixtures/schema-before-runner.js";
+import { tmpDir } from "../../testkit/index.js";
+import { startPostgres, type Postgres } from "../../testkit/postgres.js";
 
 const AT = "2026-01-02T03:04:05.000Z";
 const MS = 1_767_323_045_000;
