@@ -7,17 +7,21 @@ import { chmodSync, chownSync, mkdirSync, mkdtempSync, readFileSync, writeFileSy
 import type { ChildProcess } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createAdminTokenSigner, ensureAdminKeyPair, ensureServiceTokens } from "../src/lib/auth.js";
-import { ensureKeyringFile } from "../src/lib/secrets/mek.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats-server.js";
-import { ensureNatsKeys, readWorkerSeed } from "../src/lib/nats-auth.js";
+import {
+  createAdminTokenSigner,
+  ensureAdminKeyPair,
+  ensureServiceTokens,
+} from "../src/lib/identity/index.js";
+import { ensureKeyringFile } from "../src/lib/secrets/index.js";
+import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats/index.js";
+import { ensureNatsKeys, readWorkerSeed } from "../src/lib/nats/index.js";
 import {
   TLS_FILES,
   createCa,
   grpcProxyCertFolder,
   invocationCertFolder,
   issueServerCert,
-} from "../src/lib/pki.js";
+} from "../src/lib/tls/index.js";
 import { freePort, removeLater, start, waitHttp } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");

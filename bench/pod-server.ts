@@ -4,7 +4,7 @@
 // Usage: node pod-server.js <host:port> <cert.pem> <key.pem>
 import { readFileSync } from "node:fs";
 import { createServer } from "node:https";
-import { writeRepeated } from "../src/lib/stream.js";
+import { writeRepeated } from "../src/lib/http/index.js";
 
 const [listen, certFile, keyFile] = process.argv.slice(2);
 const [host, port] = listen.split(":");

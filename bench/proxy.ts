@@ -8,7 +8,7 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createCa, issueServerCert } from "../src/lib/pki.js";
+import { createCa, issueServerCert } from "../src/lib/tls/index.js";
 import { requireTools } from "./tools.js";
 import { cpuMs, freePort, machine, median, medianOf, procs, start, wrk, type WrkResult } from "./harness.js";
 

@@ -7,7 +7,7 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, release, totalmem } from "node:os";
 import { join } from "node:path";
-import { natsServerBinary } from "../src/lib/nats-server.js";
+import { natsServerBinary } from "../src/lib/nats/index.js";
 import { benchGrpc, type GrpcBenchOptions } from "./grpc.js";
 import { median, stopAll } from "./harness.js";
 import { benchInvoke, type InvokeBenchOptions } from "./invoke.js";

@@ -29,7 +29,7 @@ import {
   type HealthCheckRequest,
   type HealthCheckResponse,
 } from "../src/gen/grpc/health/v1/health_pb.js";
-import { UNLIMITED_MESSAGES, grpcDefinition } from "../src/lib/grpc-def.js";
+import { UNLIMITED_MESSAGES, grpcDefinition } from "../src/lib/grpc/index.js";
 
 /** calls, cancelled calls, and ServerStream messages handed to grpc-js (flow-control tests watch it). */
 export const stats = { calls: 0, cancelled: 0, streamed: 0 };

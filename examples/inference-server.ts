@@ -25,7 +25,7 @@ import { createHash } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { readFile, writeFile, rename } from "node:fs/promises";
 import { join } from "node:path";
-import { writeRepeated } from "../src/lib/stream.js";
+import { writeRepeated } from "../src/lib/http/index.js";
 
 const stats = { requests: 0, abandoned: 0, hanging: 0 };
 const seenKeys = new Set<string>();

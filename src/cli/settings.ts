@@ -11,7 +11,7 @@ import { isAbsolute, join, resolve } from "node:path";
 import type { Command } from "commander";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { writeFileAtomic } from "../lib/auth.js";
+import { writeFileAtomic } from "../lib/fs.js";
 import { CliError, usageError } from "./errors.js";
 
 export type GlobalOptions = {

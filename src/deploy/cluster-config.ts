@@ -12,7 +12,7 @@
 //   out of the pods' copy of the file, so changing them does not roll every pod.
 import { isIP } from "node:net";
 import type { Config } from "../lib/config/index.js";
-import { cidrContains, parseCidr, parseHostPort } from "../lib/net.js";
+import { cidrContains, parseCidr, parseHostPort } from "../lib/net/index.js";
 import { MOUNTS, NATS_CLUSTER_SIZE, SERVICES, WORKLOADS, type Workload } from "./layout.js";
 
 export type RawDocument = Record<string, unknown>;

@@ -4,7 +4,7 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync } from "node:f
 import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parse as parseYaml } from "yaml";
-import { writeFileAtomic } from "../lib/auth.js";
+import { writeFileAtomic } from "../lib/fs.js";
 import { loadConfig, type Config } from "../lib/config/index.js";
 import { rawAt, type RawDocument } from "./cluster-config.js";
 import { RenderError, renderControlPlane, type RenderResult } from "./render/index.js";

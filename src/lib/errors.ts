@@ -2,7 +2,7 @@
 // HTTP status and one gRPC status and says whether the caller (user) or callplane (system) is at
 // fault. The tables are typed so that a code without a status does not compile; docs/errors.md lists
 // the same codes and a test keeps the two in step.
-import { GRPC, type GrpcStatus } from "./grpc.js";
+import { GRPC, type GrpcStatus } from "./grpc/index.js";
 
 export const ERROR_CODES = {
   // request shape

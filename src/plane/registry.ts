@@ -9,6 +9,7 @@ import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { holderHex } from "../lib/ids.js";
 import type { Logger } from "../lib/log.js";
+import { REGISTRY_BUCKETS } from "../lib/nats/index.js";
 
 export interface ReplicaEntry {
   holder: string;
@@ -17,10 +18,7 @@ export interface ReplicaEntry {
   startedAt: string;
 }
 
-/** One registry per kind of replica: the invocation service's, grpc-proxy's (see nats-auth.ts). */
-export { REGISTRY_BUCKETS } from "../lib/nats-auth.js";
-import { REGISTRY_BUCKETS } from "../lib/nats-auth.js";
-
+/** One registry per kind of replica: the invocation service's, grpc-proxy's (see lib/nats/permissions.ts). */
 export class ReplicaRegistry {
   private kv: KV | undefined;
   private timer: NodeJS.Timeout | undefined;

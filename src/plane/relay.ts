@@ -6,7 +6,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { Agent } from "undici";
 import { CallplaneError } from "../lib/errors.js";
-import { forward, forwardHeaders } from "../lib/forward.js";
+import { forward, forwardHeaders } from "../lib/http/index.js";
 import { holderHex } from "../lib/ids.js";
 import type { Logger } from "../lib/log.js";
 import type { ReplicaRegistry } from "./registry.js";

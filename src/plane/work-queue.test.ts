@@ -4,7 +4,7 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { randomUUID } from "node:crypto";
 import { startNats } from "../../test/testkit/index.js";
 import { silentLogger } from "../lib/log.js";
-import { DEFAULT_QUEUE_LIMITS, WorkQueues, connectNats, subjects } from "../lib/queue.js";
+import { DEFAULT_QUEUE_LIMITS, WorkQueues, connectNats, subjects } from "../lib/nats/index.js";
 import { WorkPublisher } from "./work-queue.js";
 
 test("a missing queue is asked of the control plane once, a repeated id is no error, a full queue is QUEUE_FULL, cancel removes the message (by sequence, or by a purge when none is known)", async (t) => {

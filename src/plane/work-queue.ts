@@ -9,7 +9,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import { CallplaneError } from "../lib/errors.js";
 import type { Logger } from "../lib/log.js";
-import { WorkQueues, classifyPublishError, subjects, type QueueLimits } from "../lib/queue.js";
+import { WorkQueues, classifyPublishError, subjects, type QueueLimits } from "../lib/nats/index.js";
 
 /**
  * How a replica asks the control plane to create a version's queue (stream and consumer): the

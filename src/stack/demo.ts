@@ -11,8 +11,9 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import { create as createMessage, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { EchoMessageSchema } from "../gen/callplane/examples/echo_pb.js";
-import { createAdminTokenSigner, writeFileAtomic } from "../lib/auth.js";
-import { rawUnary } from "../lib/grpc-def.js";
+import { createAdminTokenSigner } from "../lib/identity/index.js";
+import { writeFileAtomic } from "../lib/fs.js";
+import { rawUnary } from "../lib/grpc/index.js";
 
 export interface Demo {
   httpFunctionId: string;

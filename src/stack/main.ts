@@ -7,8 +7,8 @@ import {
   localNatsClusterProblems,
   localPodNetworkProblems,
 } from "../lib/config/index.js";
-import { natsNodes } from "../lib/nats-cluster.js";
-import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net.js";
+import { natsNodes } from "../lib/nats/index.js";
+import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net/index.js";
 import { ensureDemo, invokeDemo, invokeDemoGrpc, waitActive } from "./demo.js";
 import { LocalStack, StackError, type StackInfo } from "./stack.js";
 

@@ -1,6 +1,6 @@
 import { readFileSync, readdirSync } from "node:fs";
 import { createServer } from "node:net";
-import type { HostPort } from "../lib/net.js";
+import type { HostPort } from "../lib/net/index.js";
 
 /** Checks that an address can be listened on; returns a one-line reason when it cannot. */
 export function checkListen(name: string, addr: HostPort): Promise<string | undefined> {

@@ -5,17 +5,18 @@
 import { existsSync, readFileSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../lib/auth.js";
-import { ensureCa, ensureServerCert, stackCertificates } from "../lib/pki.js";
-import { ensureKeyringFile } from "../lib/secrets/mek.js";
-import { secretsRoot } from "../lib/secrets/paths.js";
+import { ensureAdminKeyPair, ensureServiceTokens } from "../lib/identity/index.js";
+import { writeFileAtomic } from "../lib/fs.js";
+import { ensureCa, ensureServerCert, stackCertificates } from "../lib/tls/index.js";
+import { ensureKeyringFile } from "../lib/secrets/index.js";
+import { secretsRoot } from "../lib/secrets/index.js";
 import type { Config } from "../lib/config/index.js";
 import { createLogger, silentLogger } from "../lib/log.js";
 import { createRegistry } from "../lib/metrics.js";
-import { KEY_FILES, ensureNatsKeys, ensureRouteCredentials, natsAccess } from "../lib/nats-auth.js";
-import { natsNodes, type NatsNode } from "../lib/nats-cluster.js";
-import { waitForNatsCluster } from "../lib/nats-health.js";
-import { connectNats, drainOrClose } from "../lib/queue.js";
+import { KEY_FILES, ensureNatsKeys, ensureRouteCredentials, natsAccess } from "../lib/nats/index.js";
+import { natsNodes, type NatsNode } from "../lib/nats/index.js";
+import { waitForNatsCluster } from "../lib/nats/index.js";
+import { connectNats, drainOrClose } from "../lib/nats/index.js";
 import {
   natsCertNames,
   natsRouteCertNames,
@@ -23,10 +24,10 @@ import {
   reloadNatsServer,
   waitForNats,
   writeNatsServerConfig,
-} from "../lib/nats-server.js";
-import { TlsReloader } from "../lib/tls-reload.js";
-import type { HostPort } from "../lib/net.js";
-import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/supervise.js";
+} from "../lib/nats/index.js";
+import { TlsReloader } from "../lib/tls/index.js";
+import type { HostPort } from "../lib/net/index.js";
+import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/process/index.js";
 import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";
 
 const distSrc = resolve(fileURLToPath(import.meta.url), "..", "..");
@@ -260,7 +261,7 @@ export class LocalStack {
 
   /**
    * Starts the stack's NATS: one nats-server on nats.server.listen, or a JetStream cluster of
-   * nats.cluster.size nodes on their own loopback addresses (nats-cluster.ts), each supervised (a
+   * nats.cluster.size nodes on their own loopback addresses (lib/nats/cluster.ts), each supervised (a
    * node that dies is restarted and rejoins through its routes). Resolves once every node answers
    * and, for a cluster, every node is healthy and they agree on a JetStream leader.
    */

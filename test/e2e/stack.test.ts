@@ -27,7 +27,7 @@ import { plainClient } from "../testkit/trust.js";
 import { descendants, lifo, running } from "../testkit/proc.js";
 import { setTimeout as sleep } from "node:timers/promises";
 import { call, distRoot, tmpDir } from "../testkit/index.js";
-import { rawUnary } from "../../src/lib/grpc-def.js";
+import { rawUnary } from "../../src/lib/grpc/index.js";
 
 /** Waits for a condition; these tests start whole process trees, so the default is generous. */
 const waitFor = <T>(

@@ -17,9 +17,9 @@ import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { startGrpcExample, stats } from "../../examples/grpc-server.js";
 import { Echo, EchoMessageSchema, type EchoMessage } from "../../src/gen/callplane/examples/echo_pb.js";
-import { UNLIMITED_MESSAGES, grpcDefinition } from "../../src/lib/grpc-def.js";
+import { UNLIMITED_MESSAGES, grpcDefinition } from "../../src/lib/grpc/index.js";
 import { createLogger, type Logger } from "../../src/lib/log.js";
-import { DEFAULT_QUEUE_LIMITS } from "../../src/lib/queue.js";
+import { DEFAULT_QUEUE_LIMITS } from "../../src/lib/nats/index.js";
 import {
   createGrpcProxy,
   type GrpcProxy,

@@ -1,5 +1,5 @@
 // A real three-node (or n-node) nats-server JetStream cluster for tests, configured as the stack
-// configures one (src/lib/nats-server.ts): each node on its own loopback address, TLS on every
+// configures one (src/lib/nats/server.ts): each node on its own loopback address, TLS on every
 // client connection with one certificate from a test CA covering every node, routes over mutual TLS
 // with a certificate that serves as client and server plus the route password from the credentials
 // folder, every user in a named account, the auth callout in this process. Nodes can be killed and
@@ -11,18 +11,18 @@ import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { createUser } from "@nats-io/nkeys";
 import { connect, nkeyAuthenticator, type NatsConnection } from "@nats-io/transport-node";
-import { writeFileAtomic } from "../../src/lib/auth.js";
+import { writeFileAtomic } from "../../src/lib/fs.js";
 import { silentLogger } from "../../src/lib/log.js";
 import {
   ensureNatsKeys,
   ensureRouteCredentials,
   readWorkerSeed,
   serviceNatsAccess,
-} from "../../src/lib/nats-auth.js";
-import { natsClusterHealth, waitForNatsCluster, type NatsClusterHealth } from "../../src/lib/nats-health.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats-server.js";
-import { TLS_FILES } from "../../src/lib/pki.js";
-import { connectNats } from "../../src/lib/queue.js";
+} from "../../src/lib/nats/index.js";
+import { natsClusterHealth, waitForNatsCluster, type NatsClusterHealth } from "../../src/lib/nats/index.js";
+import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats/index.js";
+import { TLS_FILES } from "../../src/lib/tls/index.js";
+import { connectNats } from "../../src/lib/nats/index.js";
 import type { NatsAuthCalloutOptions } from "../../src/services/nats-auth-callout/service.js";
 import { startTestCallout, type Nats } from "./nats.js";
 import { removeDir } from "./scope.js";

@@ -16,15 +16,15 @@ import {
   serviceNatsAccess,
   type NatsAccess,
   type NatsServiceRole,
-} from "../../src/lib/nats-auth.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats-server.js";
+} from "../../src/lib/nats/index.js";
+import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats/index.js";
 import {
   createNatsAuthCallout,
   type NatsAuthCalloutOptions,
 } from "../../src/services/nats-auth-callout/service.js";
 import { createLogger, silentLogger } from "../../src/lib/log.js";
-import { writeFileAtomic } from "../../src/lib/auth.js";
-import { TLS_FILES } from "../../src/lib/pki.js";
+import { writeFileAtomic } from "../../src/lib/fs.js";
+import { TLS_FILES } from "../../src/lib/tls/index.js";
 import { removeDir } from "./scope.js";
 import { testPki, type TestPki } from "./tls.js";
 

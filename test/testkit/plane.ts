@@ -8,13 +8,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { createServer as createNetServer, type AddressInfo } from "node:net";
-import { writeFileAtomic } from "../../src/lib/auth.js";
+import { writeFileAtomic } from "../../src/lib/fs.js";
 import { createLogger, type Logger } from "../../src/lib/log.js";
 import { createRegistry, type Registry } from "../../src/lib/metrics.js";
-import { dashIp } from "../../src/lib/net.js";
-import { TLS_FILES } from "../../src/lib/pki.js";
-import { DEFAULT_QUEUE_LIMITS, type QueueLimits } from "../../src/lib/queue.js";
-import { TlsReloader } from "../../src/lib/tls-reload.js";
+import { dashIp } from "../../src/lib/net/index.js";
+import { TLS_FILES } from "../../src/lib/tls/index.js";
+import { DEFAULT_QUEUE_LIMITS, type QueueLimits } from "../../src/lib/nats/index.js";
+import { TlsReloader } from "../../src/lib/tls/index.js";
 import { createCallbackProxy, type CallbackProxy } from "../../src/services/callback-proxy/service.js";
 import {
   createInvocationService,

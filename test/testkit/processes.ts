@@ -7,7 +7,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
-import { parseChildMessage } from "../../src/lib/control.js";
+import { parseChildMessage } from "../../src/lib/process/index.js";
 import { startNats, type Nats } from "./nats.js";
 import { distRoot } from "./paths.js";
 import { tmpDir } from "./scope.js";

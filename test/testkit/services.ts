@@ -11,15 +11,15 @@ import {
   readServiceToken,
   type AdminTokenSigner,
   type ServiceName,
-} from "../../src/lib/auth.js";
-import { createFileMekProvider, ensureKeyringFile, type MekProvider } from "../../src/lib/secrets/mek.js";
+} from "../../src/lib/identity/index.js";
+import { createFileMekProvider, ensureKeyringFile, type MekProvider } from "../../src/lib/secrets/index.js";
 import { openSqliteSecretStorage } from "../../src/services/api/secrets/storage.js";
 import {
   createSecretStore,
   type SecretStore,
   type SecretStoreOptions,
 } from "../../src/services/api/secrets/store.js";
-import { IdentitySigner, ensureIdentityKey } from "../../src/lib/worker-identity.js";
+import { IdentitySigner, ensureIdentityKey } from "../../src/lib/identity/index.js";
 import { createAdminIssuer } from "../../src/services/admin-issuer/service.js";
 import { openIdentityStore } from "../../src/services/api/identity-store.js";
 import { createApiService } from "../../src/services/api/service.js";
@@ -28,7 +28,7 @@ import { openSqliteStore } from "../../src/services/api/store/sqlite.js";
 import type { Store } from "../../src/services/api/store/types.js";
 import type Database from "better-sqlite3";
 import type { Logger } from "../../src/lib/log.js";
-import { readWorkerSeed } from "../../src/lib/nats-auth.js";
+import { readWorkerSeed } from "../../src/lib/nats/index.js";
 import type { Nats } from "./nats.js";
 import { removeDir } from "./scope.js";
 

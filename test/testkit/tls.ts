@@ -5,7 +5,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { TestContext } from "node:test";
 import { connect as tlsConnect } from "node:tls";
-import { createCa, issueServerCert, type CaMaterial } from "../../src/lib/pki.js";
+import { createCa, issueServerCert, type CaMaterial } from "../../src/lib/tls/index.js";
 
 type Ctx = Pick<TestContext, "after">;
 

@@ -5,7 +5,7 @@ import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { connect, nkeyAuthenticator, tokenAuthenticator, type NatsConnection } from "@nats-io/transport-node";
-import { INBOX, workerAuthToken } from "../../src/lib/nats-auth.js";
+import { INBOX, workerAuthToken } from "../../src/lib/nats/index.js";
 import { call } from "./client.js";
 import type { Nats } from "./nats.js";
 import { tmpDir } from "./scope.js";

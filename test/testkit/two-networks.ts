@@ -15,7 +15,7 @@ import {
   stackCertificates,
   type CaMaterial,
   type StackCertificate,
-} from "../../src/lib/pki.js";
+} from "../../src/lib/tls/index.js";
 import { freePortOnAll } from "./hosts.js";
 import { startNats, type Nats } from "./nats.js";
 import { createNetns, type Netns } from "./netns.js";

@@ -10,7 +10,7 @@ import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { configSchema, loadConfig } from "../../src/lib/config/index.js";
 import { ERROR_CODES, GRPC_STATUS, problemType, type ErrorCode } from "../../src/lib/errors.js";
-import { GRPC } from "../../src/lib/grpc.js";
+import { GRPC } from "../../src/lib/grpc/index.js";
 
 // compiled to dist/test/unit/, so the repository root is three levels up
 const repoRoot = join(import.meta.dirname, "..", "..", "..");

@@ -1,4 +1,4 @@
-// Draining as load balancers and Kubernetes expect it (src/lib/http.ts close()): readiness fails at
+// Draining as load balancers and Kubernetes expect it (src/lib/http/server.ts close()): readiness fails at
 // once, requests keep being served through the drain delay but ask for Connection: close, idle
 // keep-alive connections close at once, requests after the delay get 503 SHUTTING_DOWN, work in
 // flight finishes, and close() returns when it has, not at the end of the grace period.
@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { connect, type Socket } from "node:net";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { Router, createHttpService, sendJson } from "../../src/lib/http.js";
+import { Router, createHttpService, sendJson } from "../../src/lib/http/index.js";
 import { silentLogger } from "../../src/lib/log.js";
 import { createRegistry } from "../../src/lib/metrics.js";
 

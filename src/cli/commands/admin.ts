@@ -2,7 +2,7 @@
 // where the issuer is turned off or not reachable from here.
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
-import { createAdminTokenSigner } from "../../lib/auth.js";
+import { createAdminTokenSigner } from "../../lib/identity/index.js";
 import { CliError } from "../errors.js";
 import { note, printJson, relative } from "../output.js";
 import { integer } from "../parse.js";

@@ -5,11 +5,12 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
-import { ensureAdminKeyPair, ensureServiceTokens, writeFileAtomic } from "../../lib/auth.js";
+import { ensureAdminKeyPair, ensureServiceTokens } from "../../lib/identity/index.js";
+import { writeFileAtomic } from "../../lib/fs.js";
 import { ConfigError } from "../../lib/config/index.js";
-import { ensureNatsKeys } from "../../lib/nats-auth.js";
-import { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/mek.js";
-import { ensureIdentityKey } from "../../lib/worker-identity.js";
+import { ensureNatsKeys } from "../../lib/nats/index.js";
+import { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/index.js";
+import { ensureIdentityKey } from "../../lib/identity/index.js";
 import { clusterNames } from "../../deploy/cluster-config.js";
 import { loadForCluster } from "../../deploy/index.js";
 import { SECRETS } from "../../deploy/layout.js";

@@ -10,7 +10,7 @@ import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Command } from "commander";
 import { EchoMessageSchema } from "../../gen/callplane/examples/echo_pb.js";
-import { rawUnary } from "../../lib/grpc-def.js";
+import { rawUnary } from "../../lib/grpc/index.js";
 import { Api, problemError, send, type Service } from "../client.js";
 import { CliError, usageError } from "../errors.js";
 import { UUID, pickVersion, resolveFunction } from "../functions.js";

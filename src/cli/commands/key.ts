@@ -1,7 +1,7 @@
 // `callplane key create|list|revoke`: API keys for invoking functions (contract §5.4). Managing
 // keys needs an admin token; the key value is shown once, when it is created.
 import { InvalidArgumentError, type Command } from "commander";
-import { SCOPES } from "../../lib/auth.js";
+import { SCOPES } from "../../lib/identity/index.js";
 import { Api } from "../client.js";
 import { note, printFields, printJson, printTable, relative } from "../output.js";
 import { duration } from "../parse.js";

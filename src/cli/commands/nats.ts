@@ -6,11 +6,11 @@
 // `callplane nats status`: the health of every NATS server (a cluster's nodes, their routes, the
 // JetStream leader, each work queue's replicas), read through the system account as nats-monitor.
 import type { Command } from "commander";
-import { writeFileAtomic } from "../../lib/auth.js";
-import { rotateWorkerKeyAndClose } from "../../lib/nats-admin.js";
-import { natsAccess, natsServerAuthConfig } from "../../lib/nats-auth.js";
-import { natsClusterHealth } from "../../lib/nats-health.js";
-import { connectNats, drainOrClose } from "../../lib/queue.js";
+import { writeFileAtomic } from "../../lib/fs.js";
+import { rotateWorkerKeyAndClose } from "../../lib/nats/index.js";
+import { natsAccess, natsServerAuthConfig } from "../../lib/nats/index.js";
+import { natsClusterHealth } from "../../lib/nats/index.js";
+import { connectNats, drainOrClose } from "../../lib/nats/index.js";
 import { silentLogger } from "../../lib/log.js";
 import { CliError } from "../errors.js";
 import { printFields, printJson, printTable } from "../output.js";

@@ -4,9 +4,15 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
 import { loadConfig, ConfigError } from "../../lib/config/index.js";
-import { natsCertNames, natsRouteCertNames } from "../../lib/nats-server.js";
-import { cidrHost, parseCidr } from "../../lib/net.js";
-import { TLS_FILES, describeCert, ensureCa, ensureServerCert, stackCertificates } from "../../lib/pki.js";
+import { natsCertNames, natsRouteCertNames } from "../../lib/nats/index.js";
+import { cidrHost, parseCidr } from "../../lib/net/index.js";
+import {
+  TLS_FILES,
+  describeCert,
+  ensureCa,
+  ensureServerCert,
+  stackCertificates,
+} from "../../lib/tls/index.js";
 import { CliError } from "../errors.js";
 import { printJson } from "../output.js";
 import { settingsFor } from "../settings.js";

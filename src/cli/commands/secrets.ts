@@ -3,7 +3,7 @@
 // it to the end, one line per step. Stopping the command does not stop the rotation: running it
 // again follows the one under way.
 import type { Command } from "commander";
-import { KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/mek.js";
+import { KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/index.js";
 import { Api } from "../client.js";
 import { CliError } from "../errors.js";
 import { resolveFunction } from "../functions.js";

@@ -3,7 +3,7 @@
 import { connect } from "node:net";
 import type { Command } from "commander";
 import { freshTokenAdvice, networkError, type Service } from "../client.js";
-import { natsServers } from "../../lib/nats-cluster.js";
+import { natsServers } from "../../lib/nats/index.js";
 import { apiInfo } from "./init.js";
 import { printFields, printJson, relative } from "../output.js";
 import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Sourced } from "../settings.js";

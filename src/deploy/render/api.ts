@@ -3,8 +3,8 @@
 // URL for PostgreSQL.
 import { basename } from "node:path";
 import { PersistentVolumeClaim, type IEnvVar, type IVolume, type IVolumeMount } from "kubernetes-models/v1";
-import { SERVICE_SCOPES, type ServiceName } from "../../lib/auth.js";
-import { KEY_FILES } from "../../lib/nats-auth.js";
+import { SERVICE_SCOPES, type ServiceName } from "../../lib/identity/index.js";
+import { KEY_FILES } from "../../lib/nats/index.js";
 import { MOUNTS, SECRETS, SERVICES, WORKLOADS, type Workload } from "../layout.js";
 import type { RenderContext } from "./context.js";
 import {

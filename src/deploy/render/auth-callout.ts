@@ -1,7 +1,7 @@
 // 11-nats-auth-callout.yaml: the NATS auth callout service, which decides every NATS login; its pods
 // restart when the worker auth mode or its webhook changes, since it reads them once at start-up.
 import { basename } from "node:path";
-import { KEY_FILES } from "../../lib/nats-auth.js";
+import { KEY_FILES } from "../../lib/nats/index.js";
 import { MOUNTS, WORKLOADS } from "../layout.js";
 import { sha256, type RenderContext } from "./context.js";
 import { baseVolumes, caVolume, container, natsKeyVolume, podSpec, roleKey, tokenVolume } from "./pod.js";

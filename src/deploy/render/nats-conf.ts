@@ -1,6 +1,6 @@
 // nats-server's configuration for the rendered StatefulSet: three JetStream servers in one cluster,
 // TLS on every client connection and between the servers (mutual, from the stack CA), and the same
-// accounts and auth callout as the local stack (src/lib/nats-auth.ts). The accounts part names the
+// accounts and auth callout as the local stack (src/lib/nats/permissions.ts). The accounts part names the
 // services' public nkeys, which render never sees (it has no Secret values), so an init container
 // writes it from the mounted keys at pod start: `callplane nats auth-config`, the same function the
 // local stack uses. It lands in auth.conf beside this file, which includes it.

@@ -4,7 +4,7 @@
 import { basename } from "node:path";
 import { StatefulSet } from "kubernetes-models/apps/v1";
 import type { IContainer, IProbe } from "kubernetes-models/v1";
-import { KEY_FILES, SERVICE_ROLES, type NatsServiceRole } from "../../lib/nats-auth.js";
+import { KEY_FILES, SERVICE_ROLES, type NatsServiceRole } from "../../lib/nats/index.js";
 import { podAnnotationsOf } from "../cluster-config.js";
 import {
   APP_DIR,

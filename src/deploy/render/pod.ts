@@ -4,9 +4,9 @@
 // system), and the grace a front door gets to drain.
 import { basename } from "node:path";
 import type { IContainer, IEnvVar, IPodSpec, IProbe, IVolume, IVolumeMount } from "kubernetes-models/v1";
-import type { ServiceName } from "../../lib/auth.js";
+import type { ServiceName } from "../../lib/identity/index.js";
 import type { Config } from "../../lib/config/index.js";
-import { KEY_FILES, type NatsServiceRole } from "../../lib/nats-auth.js";
+import { KEY_FILES, type NatsServiceRole } from "../../lib/nats/index.js";
 import { podAnnotationsOf } from "../cluster-config.js";
 import { APP_DIR, MOUNTS, SECRETS, TLS_SECRETS, type Workload } from "../layout.js";
 import type { RenderContext } from "./context.js";

@@ -2,7 +2,7 @@
 // URL its certificate covers, one source for the frontend certificate, and (the local stack's rule)
 // the stack's pods inside the proxy's pod networks.
 import { z } from "zod";
-import { cidrContains, parseCidr } from "../net.js";
+import { cidrContains, parseCidr } from "../net/index.js";
 import { cidr, dnsName, hostPort, seconds, section } from "./fields.js";
 import type { GlobalConfig } from "./global.js";
 import type { GrpcproxyConfig } from "./grpc-proxy.js";

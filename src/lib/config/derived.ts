@@ -2,8 +2,8 @@
 // They are filled in after the rules have run, in an order where each takes what it derives from
 // already filled in (api.url before the webhook URL, pki.dir before the certificates under it).
 import { isAbsolute, resolve } from "node:path";
-import { natsNodes } from "../nats-cluster.js";
-import { parseHostPort } from "../net.js";
+import { natsNodes } from "../nats/index.js";
+import { parseHostPort } from "../net/index.js";
 import type { Config } from "./schema.js";
 
 /** Fills in values that default from other values (paths under the data folder, URLs from listen addresses). */

@@ -1,7 +1,7 @@
 // The field types the sections are built from: addresses, networks, URLs, DNS names, durations,
 // and `section`, a strict object (unknown keys are errors) whose fields all default when it is absent.
 import { z } from "zod";
-import { parseCidr, parseHostPort } from "../net.js";
+import { parseCidr, parseHostPort } from "../net/index.js";
 
 export const hostPort = z.string().refine(
   (v) => {

@@ -2,8 +2,8 @@
 // rules: the worker token webhook, and the rules of a NATS cluster, with the local stack's own
 // (its servers are all there are, on loopback networks of their own).
 import { z } from "zod";
-import { natsNodes, natsServerAddresses, natsServers, nodeNetworkCapacity } from "../nats-cluster.js";
-import { cidrContains, parseCidr, parseHostPort } from "../net.js";
+import { natsNodes, natsServerAddresses, natsServers, nodeNetworkCapacity } from "../nats/index.js";
+import { cidrContains, parseCidr, parseHostPort } from "../net/index.js";
 import type { ComputeConfig } from "./compute.js";
 import { cidr, hostPort, seconds, section } from "./fields.js";
 import type { GrpcproxyConfig } from "./grpc-proxy.js";

@@ -12,7 +12,7 @@ import { closeSync, existsSync, openSync, readFileSync, statSync, unlinkSync } f
 import { isAbsolute, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { z } from "zod";
-import { writeFileAtomic } from "../auth.js";
+import { writeFileAtomic } from "../fs.js";
 import type { Logger } from "../log.js";
 import { KEY_BYTES, gcmOpen, gcmSeal, isValidKeyId } from "./envelope.js";
 

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
-import { parseHostPort } from "../../lib/net.js";
-import { runService } from "../../lib/service-main.js";
+import { parseHostPort } from "../../lib/net/index.js";
+import { runService } from "../../lib/process/index.js";
 import { createAdminIssuer } from "./service.js";
 
 runService("admin-issuer", async (config, logger) => {

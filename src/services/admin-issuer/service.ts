@@ -3,12 +3,12 @@
 // default and must never be exposed; an install with its own identity provider turns it off
 // (adminIssuerProxy.enabled: false) and then this service is not started, its key is not loaded,
 // and the API refuses the tokens it issued before (it trusts the issuer's key only while enabled).
-import { ADMIN_ISSUER, createAdminTokenSigner } from "../../lib/auth.js";
+import { ADMIN_ISSUER, createAdminTokenSigner } from "../../lib/identity/index.js";
 import { CallplaneError } from "../../lib/errors.js";
-import { Router, createHttpService, readJson, sendJson } from "../../lib/http.js";
+import { Router, createHttpService, readJson, sendJson } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, Counter, type Registry } from "../../lib/metrics.js";
-import type { HostPort } from "../../lib/net.js";
+import type { HostPort } from "../../lib/net/index.js";
 
 export interface AdminIssuerOptions {
   listen: HostPort;

@@ -1,19 +1,24 @@
 import { readFileSync } from "node:fs";
-import { SERVICE_SCOPES, readServiceToken, samePublicKey, type ServiceName } from "../../lib/auth.js";
+import {
+  SERVICE_SCOPES,
+  readServiceToken,
+  samePublicKey,
+  type ServiceName,
+} from "../../lib/identity/index.js";
 import type { Config } from "../../lib/config/index.js";
 import type { Logger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
-import { natsAccess, readWorkerSeed } from "../../lib/nats-auth.js";
+import { natsAccess, readWorkerSeed } from "../../lib/nats/index.js";
 import {
   createEnvMekProvider,
   createFileMekProvider,
   loadMekPlugin,
   type MekProvider,
-} from "../../lib/secrets/mek.js";
-import { parseHostPort } from "../../lib/net.js";
-import { IdentitySigner, ensureIdentityKey, readIdentityKey } from "../../lib/worker-identity.js";
+} from "../../lib/secrets/index.js";
+import { parseHostPort } from "../../lib/net/index.js";
+import { IdentitySigner, ensureIdentityKey, readIdentityKey } from "../../lib/identity/index.js";
 import { openIdentityStore, openPostgresIdentityStore } from "./identity-store.js";
-import { runService } from "../../lib/service-main.js";
+import { runService } from "../../lib/process/index.js";
 import { openSqliteSecretStorage } from "./secrets/storage.js";
 import { openPostgresSecretStorage } from "./secrets/storage-postgres.js";
 import { createSecretStore } from "./secrets/store.js";

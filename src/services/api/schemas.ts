@@ -3,7 +3,7 @@
 // refused by name, so nothing a client sends is silently ignored.
 import { z } from "zod";
 import { CallplaneError } from "../../lib/errors.js";
-import { SCOPES } from "../../lib/auth.js";
+import { SCOPES } from "../../lib/identity/index.js";
 
 const NOT_SUPPORTED = [
   "models",

@@ -2,11 +2,11 @@
 // that callplane's own services use (invocation auth, desired deployments, instance reports).
 // This module only wires: who is calling (routes/auth.ts), worker trust (worker-trust.ts), one
 // route module per resource (routes/), and the HTTP service's lifecycle.
-import type { ServiceName } from "../../lib/auth.js";
-import { Router, createHttpService, type HttpService } from "../../lib/http.js";
+import type { ServiceName } from "../../lib/identity/index.js";
+import { Router, createHttpService, type HttpService } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
-import type { HostPort } from "../../lib/net.js";
+import type { HostPort } from "../../lib/net/index.js";
 import { ApiAuth } from "./routes/auth.js";
 import type { ApiDeps } from "./routes/deps.js";
 import { addDeploymentRoutes } from "./routes/deployments.js";

@@ -4,8 +4,8 @@
 import type { IncomingMessage } from "node:http";
 import { connect as netConnect, type Socket } from "node:net";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
-import { rawProblem } from "../../lib/http.js";
-import { splice } from "../../lib/splice.js";
+import { rawProblem } from "../../lib/http/index.js";
+import { splice } from "../../lib/net/index.js";
 import { accessLog, workerOf, type Outcome, type ProxyContext } from "./context.js";
 import { checkAuthority, type PodTarget } from "./target.js";
 

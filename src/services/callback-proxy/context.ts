@@ -7,7 +7,7 @@ import { checkServerIdentity, type PeerCertificate, type SecureContext } from "n
 import type { Agent } from "undici";
 import type { Logger } from "../../lib/log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "../../lib/metrics.js";
-import type { HostPort } from "../../lib/net.js";
+import type { HostPort } from "../../lib/net/index.js";
 import type { TargetRules } from "./target.js";
 
 export interface CallbackProxyOptions {

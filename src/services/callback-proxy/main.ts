@@ -1,7 +1,7 @@
-import { parseHostPort } from "../../lib/net.js";
-import { runService } from "../../lib/service-main.js";
-import { TlsReloader } from "../../lib/tls-reload.js";
-import { Router, createHttpService } from "../../lib/http.js";
+import { parseHostPort } from "../../lib/net/index.js";
+import { runService } from "../../lib/process/index.js";
+import { TlsReloader } from "../../lib/tls/index.js";
+import { Router, createHttpService } from "../../lib/http/index.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { createCallbackProxy } from "./service.js";
 

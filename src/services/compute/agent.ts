@@ -3,10 +3,10 @@
 // `callplane deploy get` shows them. It calls the API with its own service credential.
 import { rmSync } from "node:fs";
 import { request } from "undici";
-import { Router, createHttpService } from "../../lib/http.js";
+import { Router, createHttpService } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { Gauge, createRegistry, type Registry } from "../../lib/metrics.js";
-import { cidrHost, parseCidr, type HostPort } from "../../lib/net.js";
+import { cidrHost, parseCidr, type HostPort } from "../../lib/net/index.js";
 import type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
 import { LocalInstance } from "./local.js";
 import { prepareSecretsRoot, type FetchedSecrets } from "./secrets.js";

@@ -5,7 +5,7 @@
 import { rmSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { request } from "undici";
-import { writeFileAtomic } from "../../lib/auth.js";
+import { writeFileAtomic } from "../../lib/fs.js";
 import type { Logger } from "../../lib/log.js";
 
 /** The token sources an instance identity can come from; "" in the configuration means the default. */

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import type { InstanceStatus } from "../../lib/instance-status.js";
-import { SupervisedChild, type ChildSpec } from "../../lib/supervise.js";
+import { SupervisedChild, type ChildSpec } from "../../lib/process/index.js";
 import { distRoot, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
 
 /** The instance's status, as the processes read and set it. */

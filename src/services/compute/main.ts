@@ -1,11 +1,11 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Config } from "../../lib/config/index.js";
-import { TLS_FILES } from "../../lib/pki.js";
+import { TLS_FILES } from "../../lib/tls/index.js";
 import { hostname } from "node:os";
-import { readServiceToken } from "../../lib/auth.js";
-import { parseHostPort } from "../../lib/net.js";
-import { runService } from "../../lib/service-main.js";
+import { readServiceToken } from "../../lib/identity/index.js";
+import { parseHostPort } from "../../lib/net/index.js";
+import { runService } from "../../lib/process/index.js";
 import { createComputeAgent } from "./agent.js";
 import { secretsRoot } from "./secrets.js";
 import { tokenSource } from "./identity.js";

@@ -11,7 +11,7 @@
 import { chmodSync, lstatSync, mkdirSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 
-export { secretsRoot } from "../../lib/secrets/paths.js";
+export { secretsRoot } from "../../lib/secrets/index.js";
 
 export interface FetchedSecrets {
   revision: number;

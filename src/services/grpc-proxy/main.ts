@@ -1,9 +1,9 @@
 import { join } from "node:path";
-import { readServiceToken } from "../../lib/auth.js";
-import { parseHostPort } from "../../lib/net.js";
-import { TLS_FILES, grpcProxyCertFolder } from "../../lib/pki.js";
-import { natsAccess } from "../../lib/nats-auth.js";
-import { runService } from "../../lib/service-main.js";
+import { readServiceToken } from "../../lib/identity/index.js";
+import { parseHostPort } from "../../lib/net/index.js";
+import { TLS_FILES, grpcProxyCertFolder } from "../../lib/tls/index.js";
+import { natsAccess } from "../../lib/nats/index.js";
+import { runService } from "../../lib/process/index.js";
 import { CONNECT_PATH, createGrpcProxy } from "./service.js";
 
 runService(

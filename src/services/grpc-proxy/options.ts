@@ -1,11 +1,11 @@
 // What a grpc-proxy replica is given (GrpcProxyOptions) and the addresses it listens on once
 // started (GrpcProxyUrls). Apart from service.ts so that its modules can read the options without
 // importing the shell that wires them.
-import type { HostPort } from "../../lib/net.js";
+import type { HostPort } from "../../lib/net/index.js";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
-import type { NatsAccess } from "../../lib/nats-auth.js";
-import type { QueueLimits } from "../../lib/queue.js";
+import type { NatsAccess } from "../../lib/nats/index.js";
+import type { QueueLimits } from "../../lib/nats/index.js";
 import type { AuthCacheSettings } from "../../plane/auth-cache.js";
 
 export interface GrpcProxyOptions {

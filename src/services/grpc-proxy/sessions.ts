@@ -12,7 +12,7 @@ import { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import { isUuid, newRequestId } from "../../lib/ids.js";
 import type { Logger } from "../../lib/log.js";
-import { subjects } from "../../lib/queue.js";
+import { subjects } from "../../lib/nats/index.js";
 import type { Grant } from "../../plane/auth-cache.js";
 import { PendingTable } from "../../plane/pending.js";
 import { TokenTable } from "../../plane/tokens.js";

@@ -4,10 +4,10 @@
 // minted by another replica is relayed there (plane/relay.ts).
 import type { IncomingMessage, OutgoingHttpHeaders } from "node:http";
 import { CallplaneError } from "../../lib/errors.js";
-import { H1_CONTENT_TYPE, FramingError, type ParsedHead } from "../../lib/h1.js";
-import { endToEndPairs, foldPairs } from "../../lib/headers.js";
-import { bearerToken, sendProblem, type RequestContext } from "../../lib/http.js";
-import { PumpLimitError, pump, readFramedHead } from "../../lib/stream.js";
+import { H1_CONTENT_TYPE, FramingError, type ParsedHead } from "../../lib/http/index.js";
+import { endToEndPairs, foldPairs } from "../../lib/http/index.js";
+import { bearerToken, sendProblem, type RequestContext } from "../../lib/http/index.js";
+import { PumpLimitError, pump, readFramedHead } from "../../lib/http/index.js";
 import { RELAYED_HEADER } from "../../plane/relay.js";
 import { tokenHolder } from "../../plane/tokens.js";
 import { purgePollRecord, writePollRecord } from "./poll.js";

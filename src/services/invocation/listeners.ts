@@ -3,17 +3,17 @@
 // through the callback proxy (its certificate reloaded when the files change), and the pod address
 // that tells workers where to call back.
 import type { Server as HttpsServer } from "node:https";
-import { Router, createHttpService, type HttpService } from "../../lib/http.js";
+import { Router, createHttpService, type HttpService } from "../../lib/http/index.js";
 import { createRegistry } from "../../lib/metrics.js";
-import type { HostPort } from "../../lib/net.js";
-import { TlsReloader } from "../../lib/tls-reload.js";
+import type { HostPort } from "../../lib/net/index.js";
+import { TlsReloader } from "../../lib/tls/index.js";
 import { attachRequest, attachResponse } from "./attach.js";
 import { invoke } from "./invoke.js";
 import type { InvocationServiceOptions } from "./options.js";
 import { pollStatus } from "./poll.js";
 import type { ReplicaState } from "./state.js";
 import { ATTACH_PATH } from "../../lib/contract.js";
-import { ownPodIp, podHost } from "../../lib/pod-address.js";
+import { ownPodIp, podHost } from "../../lib/net/index.js";
 
 /** The clients' routes, and the workers' attach routes (taken while draining). */
 export function clientRouter(replica: ReplicaState): Router {

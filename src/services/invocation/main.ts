@@ -1,8 +1,8 @@
 import { join } from "node:path";
-import { readServiceToken } from "../../lib/auth.js";
-import { TLS_FILES, invocationCertFolder } from "../../lib/pki.js";
-import { natsAccess } from "../../lib/nats-auth.js";
-import { runService } from "../../lib/service-main.js";
+import { readServiceToken } from "../../lib/identity/index.js";
+import { TLS_FILES, invocationCertFolder } from "../../lib/tls/index.js";
+import { natsAccess } from "../../lib/nats/index.js";
+import { runService } from "../../lib/process/index.js";
 import { createInvocationService } from "./service.js";
 
 runService(

@@ -1,11 +1,11 @@
 // The invocation service's options (re-exported by service.ts, where main.ts, the stack and the
 // tests take them from). Kept apart so that the replica state can read them without importing the
 // service shell that builds it.
-import type { HostPort } from "../../lib/net.js";
+import type { HostPort } from "../../lib/net/index.js";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
-import type { NatsAccess } from "../../lib/nats-auth.js";
-import type { QueueLimits } from "../../lib/queue.js";
+import type { NatsAccess } from "../../lib/nats/index.js";
+import type { QueueLimits } from "../../lib/nats/index.js";
 import type { AuthCacheSettings } from "../../plane/auth-cache.js";
 
 export interface InvocationServiceOptions {

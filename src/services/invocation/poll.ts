@@ -4,9 +4,9 @@
 // sends to this replica (the polling one) with a fresh response token.
 import { RequestError } from "@nats-io/transport-node";
 import { CallplaneError } from "../../lib/errors.js";
-import { bearerToken, type RequestContext } from "../../lib/http.js";
+import { bearerToken, type RequestContext } from "../../lib/http/index.js";
 import { isUuid } from "../../lib/ids.js";
-import { subjects } from "../../lib/queue.js";
+import { subjects } from "../../lib/nats/index.js";
 import { forwardHeaders, pollWindow, track, workMessage } from "./invoke.js";
 import type { Pending, PollRecord, ReplicaState } from "./state.js";
 

@@ -18,7 +18,7 @@ import {
   createRegistry,
   type Registry,
 } from "../../lib/metrics.js";
-import { pollBucket } from "../../lib/nats-auth.js";
+import { pollBucket } from "../../lib/nats/index.js";
 import { createAuthCache, type AuthCache, type GrantVersion } from "../../plane/auth-cache.js";
 import { PendingTable } from "../../plane/pending.js";
 import type { ReplicaRegistry } from "../../plane/registry.js";

@@ -1,4 +1,4 @@
-import { readServiceToken } from "../../lib/auth.js";
+import { readServiceToken } from "../../lib/identity/index.js";
 import { loadConfig } from "../../lib/config/index.js";
 import {
   NATS_ACCOUNTS,
@@ -6,8 +6,8 @@ import {
   publicKeyOf,
   readCalloutIssuerSeed,
   readWorkerSeed,
-} from "../../lib/nats-auth.js";
-import { configFileFromArgs, runProcess } from "../../lib/service-main.js";
+} from "../../lib/nats/index.js";
+import { configFileFromArgs, runProcess } from "../../lib/process/index.js";
 import { createNatsAuthCallout, type WebhookPlugin } from "./service.js";
 
 // Its own logging settings (natsAuthCalloutService.serviceConfig.logging), as upstream's chart has;

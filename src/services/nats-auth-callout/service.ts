@@ -18,8 +18,8 @@ import {
   nkeyWorkerUser,
   parseWorkerAuthToken,
   type NatsAccess,
-} from "../../lib/nats-auth.js";
-import { connectNats, drainOrClose } from "../../lib/queue.js";
+} from "../../lib/nats/index.js";
+import { connectNats, drainOrClose } from "../../lib/nats/index.js";
 
 export interface WebhookPlugin {
   url: string;

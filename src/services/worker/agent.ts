@@ -7,8 +7,8 @@ import { join } from "node:path";
 import { createSecureContext, rootCertificates } from "node:tls";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Pool, request } from "undici";
-import { grpcHealthCheck } from "../../lib/grpc-health.js";
-import { Router, createHttpService, sendJson } from "../../lib/http.js";
+import { grpcHealthCheck } from "./grpc-health.js";
+import { Router, createHttpService, sendJson } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import {
   Counter,
@@ -19,15 +19,15 @@ import {
   type Registry,
 } from "../../lib/metrics.js";
 import { readFileSync } from "node:fs";
-import { INBOX, workerAuthToken, type NatsAccess } from "../../lib/nats-auth.js";
-import { podAwareLookup } from "../../lib/pod-lookup.js";
-import { connectNats, subjects } from "../../lib/queue.js";
+import { INBOX, workerAuthToken, type NatsAccess } from "../../lib/nats/index.js";
+import { podAwareLookup } from "../../lib/net/index.js";
+import { connectNats, subjects } from "../../lib/nats/index.js";
 import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { OutputSlot } from "./output-slot.js";
 import { StatefulSession } from "./stateful.js";
 import { WorkItem, type WorkOutcome } from "./work.js";
-import { formatHostPort } from "../../lib/net.js";
+import { formatHostPort } from "../../lib/net/index.js";
 
 export interface WorkerAgent {
   /** Starts health endpoints, waits for the inference server, then starts pulling work. */

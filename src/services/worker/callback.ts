@@ -4,9 +4,9 @@
 import type { Readable } from "node:stream";
 import type { SecureContext } from "node:tls";
 import { Agent, type Dispatcher } from "undici";
-import { H1_CONTENT_TYPE } from "../../lib/h1.js";
-import { SOCKET_BUFFER_BYTES } from "../../lib/net.js";
-import type { LookupFunction } from "../../lib/pod-lookup.js";
+import { H1_CONTENT_TYPE } from "../../lib/http/index.js";
+import { SOCKET_BUFFER_BYTES } from "../../lib/net/index.js";
+import type { LookupFunction } from "../../lib/net/index.js";
 import { ATTACH_PATH } from "../../lib/contract.js";
 
 export interface CallbackTarget {

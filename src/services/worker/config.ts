@@ -3,7 +3,7 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { ConfigError } from "../../lib/config/index.js";
-import { formatHostPort, parseHostPort } from "../../lib/net.js";
+import { formatHostPort, parseHostPort } from "../../lib/net/index.js";
 
 const int = (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
   z.coerce.number().int().min(min).max(max).default(def);

@@ -1,4 +1,4 @@
-import { runProcess } from "../../lib/service-main.js";
+import { runProcess } from "../../lib/process/index.js";
 import { createWorkerAgent } from "./agent.js";
 import { workerConfigFromEnv } from "./config.js";
 

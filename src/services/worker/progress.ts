@@ -3,7 +3,7 @@
 // read once and reported to the client in the next 202.
 import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { serializeResponseHead } from "../../lib/h1.js";
+import { serializeResponseHead } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
 
 export class ProgressReport {

@@ -5,10 +5,10 @@
 import { STATUS_CODES } from "node:http";
 import { Readable } from "node:stream";
 import type { Dispatcher } from "undici";
-import { serializeResponseHead } from "../../lib/h1.js";
-import { endToEndHeaders } from "../../lib/headers.js";
+import { serializeResponseHead } from "../../lib/http/index.js";
+import { endToEndHeaders } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
-import { prepend } from "../../lib/stream.js";
+import { prepend } from "../../lib/http/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkerError } from "./inference-call.js";

@@ -25,14 +25,14 @@ import {
   nextHopRequestHeaders,
   resetFailure,
   widenWindow,
-} from "../../lib/h2-forward.js";
+} from "../../lib/grpc/index.js";
 import type { Logger } from "../../lib/log.js";
-import type { LookupFunction } from "../../lib/pod-lookup.js";
-import { subjects } from "../../lib/queue.js";
+import type { LookupFunction } from "../../lib/net/index.js";
+import { subjects } from "../../lib/nats/index.js";
 import type { WorkerConfig } from "./config.js";
 import { openTunnel, type TunnelTarget } from "./tunnel.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
-import { formatHostPort } from "../../lib/net.js";
+import { formatHostPort } from "../../lib/net/index.js";
 
 type WorkRequest = MessageShape<typeof WorkerInvokeFunctionRequestSchema>;
 

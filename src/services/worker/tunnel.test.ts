@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { createServer, type AddressInfo } from "node:net";
 import { test } from "node:test";
-import { podAwareLookup } from "../../lib/pod-lookup.js";
+import { podAwareLookup } from "../../lib/net/index.js";
 import type { TunnelError } from "./tunnel.js";
 import { openTunnel } from "./tunnel.js";
 

@@ -6,8 +6,8 @@
 import { connect as netConnect, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect as tlsConnect, type SecureContext } from "node:tls";
-import { SOCKET_BUFFER_BYTES, widenSocketBuffers } from "../../lib/net.js";
-import type { LookupFunction } from "../../lib/pod-lookup.js";
+import { SOCKET_BUFFER_BYTES, widenSocketBuffers } from "../../lib/net/index.js";
+import type { LookupFunction } from "../../lib/net/index.js";
 
 export interface TunnelTarget {
   /** http://<pod>:10086/v1/proxy, or https://<dashed-ip>.<workerDomain>:10084/v1/proxy through the proxy. */

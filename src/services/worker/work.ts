@@ -15,7 +15,7 @@ import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Pool } from "undici";
 import { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
 import type { Logger } from "../../lib/log.js";
-import { subjects } from "../../lib/queue.js";
+import { subjects } from "../../lib/nats/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { callInference, type WorkRequest } from "./inference-call.js";

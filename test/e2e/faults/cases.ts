@@ -7,7 +7,7 @@ import { request as httpRequest } from "node:http";
 import { connect as netConnect, type Socket } from "node:net";
 import { connect as tlsConnect } from "node:tls";
 import { setTimeout as sleep } from "node:timers/promises";
-import { subjects } from "../../../src/lib/queue.js";
+import { subjects } from "../../../src/lib/nats/index.js";
 import { describe, isHang, startLoad, type Load, type LoadResult } from "./load.js";
 import { REGION, type FaultPlane, type Restartable } from "./plane.js";
 

@@ -16,7 +16,7 @@ import { mkdirSync, renameSync, writeFileSync } from "node:fs";
 import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { TLS_FILES, ensureServerCert } from "../../../src/lib/pki.js";
+import { TLS_FILES, ensureServerCert } from "../../../src/lib/tls/index.js";
 import { GRPC_FUNCTION } from "../../testkit/grpc.js";
 import { freePortOnAll } from "../../testkit/hosts.js";
 import { repoRoot, type ApiFixture, type Nats } from "../../testkit/index.js";

@@ -12,9 +12,9 @@ import {
   createAdminTokenSigner,
   ensureAdminKeyPair,
   ensureServiceTokens,
-} from "../../../src/lib/auth.js";
+} from "../../../src/lib/identity/index.js";
 import { loadConfig } from "../../../src/lib/config/index.js";
-import { ensureKeyringFile } from "../../../src/lib/secrets/mek.js";
+import { ensureKeyringFile } from "../../../src/lib/secrets/index.js";
 import { LocalStack } from "../../../src/stack/stack.js";
 import {
   call,

@@ -11,7 +11,7 @@ import { test } from "node:test";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { waitFor as poll } from "../../testkit/client.js";
 import { cmdline, descendants, lifo, running } from "../../testkit/proc.js";
-import { cidrContains, parseCidr } from "../../../src/lib/net.js";
+import { cidrContains, parseCidr } from "../../../src/lib/net/index.js";
 import { createComputeAgent } from "../../../src/services/compute/agent.js";
 import type { LocalInstance } from "../../../src/services/compute/local.js";
 import {

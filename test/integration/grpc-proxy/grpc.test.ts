@@ -24,7 +24,7 @@ import {
 import type { EchoMessage } from "../../../src/gen/callplane/examples/echo_pb.js";
 import { WorkerInvokeFunctionRequestSchema } from "../../../src/gen/nvcf/worker_pb.js";
 import { fromBinary } from "@bufbuild/protobuf";
-import { subjects } from "../../../src/lib/queue.js";
+import { subjects } from "../../../src/lib/nats/index.js";
 import { REQUEST_ID, waitFor } from "../../testkit/client.js";
 import { runCli, tmpDir, type Nats } from "../../testkit/index.js";
 import { testPki } from "../../testkit/tls.js";

@@ -14,7 +14,7 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import { createSecureContext } from "node:tls";
-import { podAwareLookup } from "../../../src/lib/pod-lookup.js";
+import { podAwareLookup } from "../../../src/lib/net/index.js";
 import { CallbackClient } from "../../../src/services/worker/callback.js";
 import { startApi, startNats, tmpDir } from "../../testkit/index.js";
 import { deployFunction, workerEnv } from "../../testkit/plane.js";

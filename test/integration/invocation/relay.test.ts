@@ -8,7 +8,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { get as httpsGet } from "node:https";
 import { test } from "node:test";
 import { holderHex, newToken } from "../../../src/lib/ids.js";
-import { dashIp } from "../../../src/lib/net.js";
+import { dashIp } from "../../../src/lib/net/index.js";
 import { bearer, problemOf, waitFor } from "../../testkit/client.js";
 import { freePort, metricValue, startPlane, type Plane } from "../../testkit/plane.js";
 

@@ -10,7 +10,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { DEFAULT_QUEUE_LIMITS } from "../../../src/lib/queue.js";
+import { DEFAULT_QUEUE_LIMITS } from "../../../src/lib/nats/index.js";
 import { createComputeAgent } from "../../../src/services/compute/agent.js";
 import { secretsRoot } from "../../../src/services/compute/secrets.js";
 import { createInvocationService } from "../../../src/services/invocation/service.js";

@@ -11,8 +11,8 @@ import {
   ensureAdminKeyPair,
   ensureServiceTokens,
   readServiceToken,
-} from "../../../src/lib/auth.js";
-import { ensureKeyringFile } from "../../../src/lib/secrets/mek.js";
+} from "../../../src/lib/identity/index.js";
+import { ensureKeyringFile } from "../../../src/lib/secrets/index.js";
 import { waitFor } from "../../testkit/client.js";
 import { call, distRoot, sampleFunction, startNats, tmpDir } from "../../testkit/index.js";
 import { startPostgres, type Postgres } from "../../testkit/postgres.js";

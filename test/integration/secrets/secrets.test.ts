@@ -18,7 +18,7 @@ import {
   gcmSeal,
   nekContext,
   parseEnvelope,
-} from "../../../src/lib/secrets/envelope.js";
+} from "../../../src/lib/secrets/index.js";
 import {
   KEYRING_FORMAT,
   MekProviderError,
@@ -27,7 +27,7 @@ import {
   loadMekPlugin,
   newKeyringEntry,
   type MekProvider,
-} from "../../../src/lib/secrets/mek.js";
+} from "../../../src/lib/secrets/index.js";
 import { silentLogger } from "../../../src/lib/log.js";
 import { openSqliteSecretStorage } from "../../../src/services/api/secrets/storage.js";
 import { createSecretStore } from "../../../src/services/api/secrets/store.js";

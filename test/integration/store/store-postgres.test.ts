@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { after, test, type TestContext } from "node:test";
 import pg from "pg";
 import { request } from "undici";
-import { ensureKeyringFile } from "../../../src/lib/secrets/mek.js";
+import { ensureKeyringFile } from "../../../src/lib/secrets/index.js";
 import { openPostgresStore } from "../../../src/services/api/store/postgres.js";
 import { openSqliteStore } from "../../../src/services/api/store/sqlite.js";
 import {

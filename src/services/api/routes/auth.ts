@@ -14,9 +14,9 @@ import {
   type AdminTokenVerifier,
   type Principal,
   type ServiceName,
-} from "../../../lib/auth.js";
+} from "../../../lib/identity/index.js";
 import { CallplaneError } from "../../../lib/errors.js";
-import { bearerToken } from "../../../lib/http.js";
+import { bearerToken } from "../../../lib/http/index.js";
 import type { Store } from "../store/types.js";
 
 export interface ApiAuthOptions {

@@ -3,7 +3,7 @@
 // also make sure the version's work queue exists.
 import { randomUUID } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { deploymentSchema, parseBody } from "../schemas.js";
 import type { DeploymentRecord } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";

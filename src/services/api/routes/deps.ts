@@ -3,7 +3,7 @@
 // Also the body readers, which apply the API's body limit (api.maxBodyBytes).
 import type { IncomingMessage } from "node:http";
 import { CallplaneError } from "../../../lib/errors.js";
-import { readJson } from "../../../lib/http.js";
+import { readJson } from "../../../lib/http/index.js";
 import type { Logger } from "../../../lib/log.js";
 import type { SecretStore } from "../secrets/store.js";
 import type { Store } from "../store/types.js";

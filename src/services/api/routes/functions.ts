@@ -2,7 +2,7 @@
 // the secrets the request carries), list, read, update and delete versions.
 import { randomUUID } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import {
   createFunctionSchema,
   parseBody,

@@ -1,6 +1,6 @@
 // What a client may know before it has a token: is there an admin token issuer to ask, and does
 // this API keep secrets?
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import type { ApiDeps } from "./deps.js";
 
 export function addInfoRoutes(router: Router, deps: ApiDeps): void {

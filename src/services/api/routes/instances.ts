@@ -1,7 +1,7 @@
 // Instance status reports (internal): the compute agent reports the instances it runs; the report
 // replaces the reporter's previous one, and the instances that went have their identities revoked.
 import { z } from "zod";
-import type { RequestContext, Router } from "../../../lib/http.js";
+import type { RequestContext, Router } from "../../../lib/http/index.js";
 import { parseBody } from "../schemas.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
 

@@ -1,9 +1,9 @@
 // The invocation service's question before it queues a request (internal): may this API key invoke
 // this function, and which of its versions are deployed to take the request?
 import { z } from "zod";
-import { requireScope } from "../../../lib/auth.js";
+import { requireScope } from "../../../lib/identity/index.js";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { parseBody } from "../schemas.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
 import { UUID } from "./load.js";

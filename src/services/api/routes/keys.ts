@@ -2,9 +2,9 @@
 // carries only scopes the admin token that issued it has; its value is shown once, at creation,
 // and only its hash is stored.
 import { randomUUID } from "node:crypto";
-import { API_KEY_DEFAULT_SCOPES, newApiKey, sha256Hex } from "../../../lib/auth.js";
+import { API_KEY_DEFAULT_SCOPES, newApiKey, sha256Hex } from "../../../lib/identity/index.js";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { createKeySchema, parseBody } from "../schemas.js";
 import type { ApiKeyRecord } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";

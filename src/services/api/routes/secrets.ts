@@ -4,7 +4,7 @@
 // instance. Values go in, and out only to the compute agent's service token; every other answer
 // names secrets, never their values. Served only when the API runs with a secret store.
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { parseBody, rotateMekSchema, rotateNekSchema, updateSecretsSchema } from "../schemas.js";
 import type { SecretStore } from "../secrets/store.js";
 import { readJsonBody, readSensitiveJsonBody, secretStore, type ApiDeps } from "./deps.js";

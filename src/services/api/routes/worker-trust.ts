@@ -8,9 +8,9 @@
 //   permissions of one function version out.
 import { z } from "zod";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http.js";
-import { NATS_ACCOUNTS, tokenWorkerPermissions, type Permissions } from "../../../lib/nats-auth.js";
-import { workerIdentifier } from "../../../lib/worker-identity.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
+import { NATS_ACCOUNTS, tokenWorkerPermissions, type Permissions } from "../../../lib/nats/index.js";
+import { workerIdentifier } from "../../../lib/identity/index.js";
 import { parseBody } from "../schemas.js";
 import { readRawBody, type ApiDeps } from "./deps.js";
 

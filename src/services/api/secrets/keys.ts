@@ -15,8 +15,8 @@ import {
   isValidKeyId,
   nekContext,
   parseEnvelope,
-} from "../../../lib/secrets/envelope.js";
-import type { MekProvider } from "../../../lib/secrets/mek.js";
+} from "../../../lib/secrets/index.js";
+import type { MekProvider } from "../../../lib/secrets/index.js";
 import type { SecretMetrics } from "./metrics.js";
 import type { NekCache } from "./nek-cache.js";
 import type { MekRow, NekRow, SecretStorage } from "./storage.js";

@@ -12,7 +12,7 @@
 // A tick also moves secrets off NEKs that a NEK rotation replaced, and removes those NEKs once empty.
 import { randomUUID } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
-import { encodeHeader, sealSecret } from "../../../lib/secrets/envelope.js";
+import { encodeHeader, sealSecret } from "../../../lib/secrets/index.js";
 import { iso, keyUnavailable, type KeyDeps, type KeyHierarchy } from "./keys.js";
 import type { ReplicaRow, RotationRow, SecretRow } from "./storage.js";
 

@@ -15,9 +15,9 @@
 // buffers, whatever the backlog upstream.
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from "node:http";
 import type { Dispatcher } from "undici";
-import type { CallplaneError } from "./errors.js";
+import type { CallplaneError } from "../errors.js";
 import { endToEndHeaders, endToEndPairs, foldPairs, rawPairs } from "./headers.js";
-import { writeProblem } from "./http.js";
+import { writeProblem } from "./problem.js";
 
 export type ForwardOutcome =
   "forwarded" | "client_gone" | "upstream_error" | "upstream_timeout" | "refused_framing";

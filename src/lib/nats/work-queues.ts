@@ -2,7 +2,7 @@
 // function version) a work-queue stream rq_{region}_{fvid} on subjects rq.{region}.{fvid}.>, one
 // message per request id (dedupe), and one durable pull consumer shared by that version's workers.
 // The control plane (the API) creates the stream and consumer, on deploy and on first use; workers
-// and invocation replicas have no right to (see nats-auth.ts).
+// and invocation replicas have no right to (see permissions.ts).
 import {
   AckPolicy,
   DiscardPolicy,
@@ -11,16 +11,8 @@ import {
   jetstreamManager,
   type JetStreamManager,
 } from "@nats-io/jetstream";
-import {
-  connect,
-  nanos,
-  nkeyAuthenticator,
-  tokenAuthenticator,
-  type NatsConnection,
-} from "@nats-io/transport-node";
-import type { Logger } from "./log.js";
-import type { NatsAccess } from "./nats-auth.js";
-import { natsServers } from "./nats-cluster.js";
+import { nanos, type NatsConnection } from "@nats-io/transport-node";
+import { subjects } from "./subjects.js";
 
 export interface QueueLimits {
   maxMessages: number;
@@ -35,78 +27,6 @@ export const DEFAULT_QUEUE_LIMITS: QueueLimits = {
   replicas: 1,
   ackWaitSeconds: 30,
 };
-
-export const subjects = {
-  stream: (region: string, fvid: string) => `rq_${region}_${fvid}`,
-  consumer: (region: string, fvid: string) => `rq_${region}_${fvid}_workers`,
-  work: (region: string, fvid: string, requestId: string) => `rq.${region}.${fvid}.${requestId}`,
-  workFilter: (region: string, fvid: string) => `rq.${region}.${fvid}.>`,
-  // callplane: the version is in the poll subject (upstream: rq_polling.{requestId}), so that a
-  // worker can be allowed its own version's polls and no other's
-  polling: (fvid: string, requestId: string) => `rq_polling.${fvid}.${requestId}`,
-  pollingFilter: (fvid: string) => `rq_polling.${fvid}.*`,
-  cancel: (fvid: string) => `nvcf.cancel.${fvid}`,
-  /** A gRPC session's worker listens here for tunnels to more replicas (session resumption). */
-  // callplane: the version is in the subject (as for polls), so a worker may hear only its own
-  reconnect: (fvid: string, requestId: string) => `stateful_session.reconnect.${fvid}.${requestId}`,
-  reconnectFilter: (fvid: string) => `stateful_session.reconnect.${fvid}.*`,
-} as const;
-
-/**
- * The one way callplane connects to NATS: TLS verified against the stack CA, the caller's own
- * credentials, and its own inbox prefix (its grant covers that prefix, never `_INBOX.>`). `url` may
- * name several servers, separated by commas: every node of a cluster.
- */
-export async function connectNats(access: NatsAccess, name: string, logger: Logger): Promise<NatsConnection> {
-  const enc = new TextEncoder();
-  const auth = access.auth;
-  // noAsyncTraces: the client would otherwise build an Error (a stack capture) for every request,
-  // a measurable share of the hot path's CPU; timeouts still reject with clear errors.
-  const nc = await connect({
-    noAsyncTraces: true,
-    // every node of a cluster (a comma-separated list): the client picks one and, if it goes, moves on
-    servers: natsServers(access.url),
-    tls: { ca: access.caPem },
-    // a token is read again at every reconnect: a worker's identity token is refreshed in its file
-    authenticator:
-      "nkeySeed" in auth ? nkeyAuthenticator(enc.encode(auth.nkeySeed)) : tokenAuthenticator(auth.token),
-    inboxPrefix: access.inboxPrefix,
-    name,
-    maxReconnectAttempts: -1,
-    reconnectTimeWait: 500,
-    pingInterval: 10_000,
-  });
-  void (async () => {
-    for await (const s of nc.status()) {
-      if (s.type === "disconnect" || s.type === "reconnect" || s.type === "error")
-        logger.warn(
-          {
-            nats: s.type,
-            server: "server" in s ? s.server : undefined,
-            err: "error" in s ? s.error.message : undefined,
-          },
-          // a permission violation arrives here (NATS reports it without closing the connection)
-          `nats ${s.type}`,
-        );
-    }
-  })();
-  return nc;
-}
-
-/**
- * Drains a connection, but never waits longer than `ms`: with the server gone, the client keeps
- * reconnecting and a drain would never end (nor let the process exit).
- */
-export async function drainOrClose(nc: NatsConnection | undefined, ms = 2000): Promise<void> {
-  if (!nc || nc.isClosed()) return;
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([
-    nc.drain().catch(() => undefined),
-    new Promise<void>((r) => (timer = setTimeout(r, ms))),
-  ]);
-  clearTimeout(timer);
-  if (!nc.isClosed()) await nc.close().catch(() => undefined);
-}
 
 /** Creates (once per process and version) the work-queue stream and its durable consumer. */
 export class WorkQueues {

@@ -3,16 +3,11 @@
 // or a rotated worker key, loses the connections it already has. The caller connects as a SYS user
 // (the api-revoker role).
 import type { NatsConnection } from "@nats-io/transport-node";
-import { silentLogger } from "./log.js";
-import {
-  NATS_ACCOUNTS,
-  nkeyWorkerUser,
-  publicKeyOf,
-  readWorkerSeed,
-  rotateWorkerKey,
-  type NatsAccess,
-} from "./nats-auth.js";
-import { connectNats } from "./queue.js";
+import { silentLogger } from "../log.js";
+import { NATS_ACCOUNTS } from "./permissions.js";
+import { nkeyWorkerUser, publicKeyOf, readWorkerSeed, rotateWorkerKey } from "./credentials.js";
+import { type NatsAccess } from "./access.js";
+import { connectNats } from "./connection.js";
 
 interface Connz {
   server: { id: string; name?: string };

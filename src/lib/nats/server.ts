@@ -3,13 +3,14 @@
 // script, which finds or installs one), the configuration, or PATH.
 import { spawnSync } from "node:child_process";
 import { mkdirSync } from "node:fs";
-import { writeFileAtomic } from "./auth.js";
+import { writeFileAtomic } from "../fs.js";
 import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { natsServerAuthConfig, type Permissions } from "./nats-auth.js";
-import { natsNodes, natsServerAddresses, type NatsLayoutConfig } from "./nats-cluster.js";
-import { formatHostPort, type HostPort } from "./net.js";
+import { natsServerAuthConfig } from "./server-auth.js";
+import { type Permissions } from "./permissions.js";
+import { natsNodes, natsServerAddresses, type NatsLayoutConfig } from "./cluster.js";
+import { formatHostPort, type HostPort } from "../net/index.js";
 
 export function natsServerBinary(configured?: string): string {
   // .tools/ in the checkout is where the bootstrap script puts the one it fetches
@@ -62,7 +63,7 @@ export interface NatsClusterMembership {
 
 /**
  * Writes a nats-server configuration for one JetStream server on the given address: TLS required
- * on every client connection, every user in a named account (see nats-auth.ts), no anonymous access;
+ * on every client connection, every user in a named account (see permissions.ts), no anonymous access;
  * with `cluster`, one node of a JetStream cluster (its server_name must be unique in the cluster).
  */
 export function writeNatsServerConfig(

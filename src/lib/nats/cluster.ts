@@ -4,7 +4,7 @@
 // and the route port nats.cluster.routePort, so no two nodes' listeners collide and no node shares
 // an address with another service. Pure functions: the config's rules, the stack and the tests
 // derive the same layout from them.
-import { cidrHost, formatHostPort, parseCidr, parseHostPort, type HostPort } from "./net.js";
+import { cidrHost, formatHostPort, parseCidr, parseHostPort, type HostPort } from "../net/index.js";
 
 export interface NatsLayoutConfig {
   server: { listen: string };

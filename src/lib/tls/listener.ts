@@ -6,7 +6,7 @@
 // The secure context is built once and replaced only on reload; accepted sockets get 256 KiB
 // buffers; every live socket is tracked so that close() can drain them and destroy() cut them.
 import { createServer, type Server, type TLSSocket, type TlsOptions } from "node:tls";
-import { formatHostPort, widenSocketBuffers } from "./net.js";
+import { formatHostPort, widenSocketBuffers } from "../net/index.js";
 
 export interface TlsFrontend {
   readonly server: Server;

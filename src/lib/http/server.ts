@@ -1,218 +1,15 @@
 // The small HTTP layer every service shares: a router on core node:http, JSON and problem+json
 // answers, body limits counted while streaming, /health and /metrics, and the two ways to stop:
 // close() drains (late requests get 503 with Connection: close), destroy() cuts every connection.
-import {
-  STATUS_CODES,
-  createServer,
-  type IncomingMessage,
-  type Server,
-  type ServerResponse,
-} from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createTlsServer, type ServerOptions as HttpsServerOptions } from "node:https";
 import type { Socket } from "node:net";
-import { CallplaneError, isUserError, toCallplaneError } from "./errors.js";
-import { countHeader } from "./headers.js";
-import type { Logger } from "./log.js";
-import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "./metrics.js";
-import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "./net.js";
-
-const UUID_ANY_CASE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
-export interface RequestContext {
-  req: IncomingMessage;
-  res: ServerResponse;
-  params: Record<string, string>;
-  query: URLSearchParams;
-  log: Logger;
-}
-
-export type Handler = (ctx: RequestContext) => Promise<void> | void;
-
-interface Route {
-  method: string;
-  segments: string[];
-  pattern: string;
-  handler: Handler;
-  /** Still served while the service drains (for example worker callbacks of in-flight requests). */
-  duringDrain: boolean;
-}
-
-export class Router {
-  private readonly routes: Route[] = [];
-
-  add(method: string, pattern: string, handler: Handler, opts: { duringDrain?: boolean } = {}): this {
-    this.routes.push({
-      method,
-      segments: pattern.split("/").slice(1),
-      pattern,
-      handler,
-      duringDrain: opts.duringDrain ?? false,
-    });
-    return this;
-  }
-
-  match(
-    method: string,
-    path: string,
-  ): { route: Route; params: Record<string, string> } | { allowed: string[] } | undefined {
-    const parts = path.split("/").slice(1);
-    const allowed: string[] = [];
-    for (const route of this.routes) {
-      if (route.segments.length !== parts.length) continue;
-      const params: Record<string, string> = {};
-      let ok = true;
-      for (let i = 0; i < parts.length; i++) {
-        const seg = route.segments[i];
-        if (seg.startsWith(":")) {
-          if (parts[i] === "") {
-            ok = false;
-            break;
-          }
-          try {
-            const value = decodeURIComponent(parts[i]);
-            // ids are UUIDs, stored in lower case; RFC 9562 has them compared regardless of case
-            params[seg.slice(1)] = UUID_ANY_CASE.test(value) ? value.toLowerCase() : value;
-          } catch {
-            ok = false;
-            break;
-          }
-        } else if (seg !== parts[i]) {
-          ok = false;
-          break;
-        }
-      }
-      if (!ok) continue;
-      if (route.method === method) return { route, params };
-      allowed.push(route.method);
-    }
-    return allowed.length ? { allowed } : undefined;
-  }
-}
-
-export function sendJson(
-  res: ServerResponse,
-  status: number,
-  body: unknown,
-  headers: Record<string, string> = {},
-): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, {
-    "content-type": "application/json",
-    "content-length": Buffer.byteLength(text),
-    ...headers,
-  });
-  res.end(text);
-}
-
-/**
- * Answers with an RFC 7807 body. Once headers are out, a problem body would corrupt the stream, so
- * the connection is destroyed instead.
- */
-export function sendProblem(
-  res: ServerResponse,
-  err: unknown,
-  log: Logger,
-  headers: Record<string, string> = {},
-): void {
-  if (clientWentAway(err, res.req)) {
-    // nothing to answer: the client is gone, which is not the service's fault
-    log.debug({ err: (err as Error).message }, "the client went away before its request was read");
-    res.destroy();
-    return;
-  }
-  const e = toCallplaneError(err);
-  if (isUserError(e)) log.debug({ code: e.code, detail: e.message }, "request refused");
-  // an answer the service chose (a holder that is gone, a window that ended) is an event to note;
-  // an exception it did not expect is an error, with its stack
-  else if (err instanceof CallplaneError && err.cause === undefined)
-    log.warn({ code: e.code, detail: e.message }, "request failed");
-  else log.error({ code: e.code, err: e.cause ?? e }, e.message);
-  if (res.headersSent || res.destroyed) {
-    res.destroy();
-    return;
-  }
-  writeProblem(res, e, headers);
-}
-
-/** Writes an RFC 7807 answer (no logging: for callers that log in their own way). */
-export function writeProblem(
-  res: ServerResponse,
-  e: CallplaneError,
-  headers: Record<string, string> = {},
-): void {
-  const text = JSON.stringify(e.toProblem());
-  res.writeHead(e.status, {
-    "content-type": "application/problem+json",
-    "content-length": Buffer.byteLength(text),
-    ...headers,
-  });
-  res.end(text);
-}
-
-export function bearerToken(req: IncomingMessage): string {
-  const h = req.headers.authorization;
-  if (!h) throw new CallplaneError("UNAUTHENTICATED", "send an Authorization: Bearer <token> header");
-  // Node keeps only the first of several; which one counts must not depend on their order
-  if (countHeader(req.rawHeaders, "authorization") > 1)
-    throw new CallplaneError("BAD_REQUEST", "the request has more than one Authorization header; send one");
-  const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
-  if (!m)
-    throw new CallplaneError(
-      "UNAUTHENTICATED",
-      "the Authorization header must use the Bearer scheme: Authorization: Bearer <token>",
-    );
-  return m[1];
-}
-
-/**
- * Reads a JSON body, counting bytes while they arrive so an oversized body never sits in memory.
- * `sensitive`: the body holds secret values, so a parse error does not quote it (V8's message does).
- */
-export async function readJson(
-  req: IncomingMessage,
-  limit: number,
-  opts: { sensitive?: boolean } = {},
-): Promise<unknown> {
-  const type = req.headers["content-type"];
-  const declared =
-    req.headers["content-length"] === undefined ? undefined : Number(req.headers["content-length"]);
-  if (declared !== undefined && declared > limit) {
-    req.resume();
-    throw new CallplaneError("BODY_TOO_LARGE", `the body is ${declared} bytes; the limit is ${limit} bytes`);
-  }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  let tooLarge = false;
-  // destroyOnReturn: false, because leaving the loop early must not destroy the request: the client
-  // would still be sending, and the reset that follows makes it lose the 413 answer.
-  for await (const chunk of req.iterator({ destroyOnReturn: false }) as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > limit) {
-      tooLarge = true;
-      break;
-    }
-    chunks.push(chunk);
-  }
-  if (tooLarge) {
-    req.resume(); // discard the rest, without keeping it
-    throw new CallplaneError("BODY_TOO_LARGE", `the body is larger than the limit of ${limit} bytes`);
-  }
-  if (size === 0) return undefined;
-  if (type !== undefined && !/^application\/(.+\+)?json\b/i.test(type)) {
-    throw new CallplaneError("UNSUPPORTED_MEDIA_TYPE", `send the body as application/json, not ${type}`);
-  }
-  const text = Buffer.concat(chunks, size).toString("utf8");
-  try {
-    return JSON.parse(text) as unknown;
-  } catch (err) {
-    if (opts.sensitive)
-      throw new CallplaneError(
-        "MALFORMED_JSON",
-        "the body is not valid JSON (the parser's message is not repeated here, since the body holds secret values)",
-      );
-    throw new CallplaneError("MALFORMED_JSON", `the body is not valid JSON: ${(err as Error).message}`);
-  }
-}
+import { CallplaneError } from "../errors.js";
+import type { Logger } from "../log.js";
+import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "../metrics.js";
+import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "../net/index.js";
+import type { Router } from "./router.js";
+import { rawProblem, sendJson, sendProblem, writeProblem } from "./problem.js";
 
 export interface HttpServiceOptions {
   name: string;
@@ -254,12 +51,6 @@ export function clientErrorAnswer(err: NodeJS.ErrnoException): { status: number;
   return { status, raw: rawProblem(new CallplaneError(code, detail)) };
 }
 
-/** A whole HTTP/1.1 answer with an RFC 7807 body, for a raw socket; the connection closes after it. */
-export function rawProblem(e: CallplaneError): string {
-  const body = JSON.stringify(e.toProblem());
-  return `HTTP/1.1 ${e.status} ${STATUS_CODES[e.status] ?? ""}\r\ncontent-type: application/problem+json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`;
-}
-
 /** Answers an `Expect` other than `100-continue` (Node's server would send a bare 417). */
 export function expectationFailed(req: IncomingMessage, res: ServerResponse): void {
   writeProblem(
@@ -271,18 +62,6 @@ export function expectationFailed(req: IncomingMessage, res: ServerResponse): vo
     { connection: "close" },
   );
   req.resume();
-}
-
-/**
- * Whether an error is a client that went away mid-request (not a fault of the service): a reset
- * or abort while its request was still arriving, or once its connection is gone. (`req.destroyed`
- * alone would not do: Node sets it once a body has been read to its end.)
- */
-export function clientWentAway(err: unknown, req: IncomingMessage | undefined): boolean {
-  const e = err as NodeJS.ErrnoException | undefined;
-  const reset =
-    e?.code === "ECONNRESET" || e?.message === "aborted" || e?.code === "ERR_STREAM_PREMATURE_CLOSE";
-  return reset && (req === undefined || !req.complete || req.socket.destroyed);
 }
 
 /**

@@ -4,7 +4,7 @@
 // IP it may connect to; the stack CA issues each pod a certificate for its name. One place for the
 // form, so a name one part builds is a name the others accept.
 import { isIPv4 } from "node:net";
-import { dashIp, undashIp } from "./net.js";
+import { dashIp, undashIp } from "./address.js";
 
 /** The headless Services whose pods are addressed by name (deploy/layout.ts renders them). */
 export const POD_SERVICES = { invocation: "invocation", grpc: "grpc-headless" } as const;

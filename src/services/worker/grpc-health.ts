@@ -6,9 +6,9 @@ import {
   HealthCheckRequestSchema,
   HealthCheckResponseSchema,
   HealthCheckResponse_ServingStatus as Serving,
-} from "../gen/grpc/health/v1/health_pb.js";
-import { decodeGrpcMessage, frameGrpcMessage } from "./grpc.js";
-import { formatHostPort } from "./net.js";
+} from "../../gen/grpc/health/v1/health_pb.js";
+import { decodeGrpcMessage, frameGrpcMessage } from "../../lib/grpc/index.js";
+import { formatHostPort } from "../../lib/net/index.js";
 
 /** Resolves when the server says SERVING; rejects with what it said (or why it could not be asked). */
 export function grpcHealthCheck(

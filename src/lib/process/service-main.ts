@@ -1,9 +1,9 @@
 // What every service's main.ts shares: load the configuration, start, report readiness on the
 // control channel, and stop on signals (first: drain; second: now). Only main files call this.
-import { ConfigError, loadConfig, type Config } from "./config/index.js";
+import { ConfigError, loadConfig, type Config } from "../config/index.js";
 import { parseParentMessage, sendToParent } from "./control.js";
 import type { LevelWithSilent } from "pino";
-import { createLogger, type Logger } from "./log.js";
+import { createLogger, type Logger } from "../log.js";
 
 export interface Running {
   urls: Record<string, string>;

@@ -6,17 +6,8 @@
 // - API keys: opaque `nvapi-` strings, stored only as SHA-256 hashes, shown once;
 // - service tokens: opaque `cps-` strings that callplane's own services present to the API; they do
 //   not expire with the admin token, so a stack keeps working past hour 12.
-import {
-  createHash,
-  createPrivateKey,
-  createPublicKey,
-  generateKeyPairSync,
-  randomBytes,
-  randomUUID,
-  timingSafeEqual,
-} from "node:crypto";
-import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { createPrivateKey, createPublicKey, generateKeyPairSync, randomUUID } from "node:crypto";
+import { existsSync, readFileSync } from "node:fs";
 import {
   SignJWT,
   decodeJwt,
@@ -27,55 +18,9 @@ import {
   type CryptoKey,
   type KeyObject,
 } from "jose";
-import { CallplaneError } from "./errors.js";
-
-export const SCOPES = [
-  "register_function",
-  "list_functions",
-  "list_functions_details",
-  "deploy_function",
-  "update_function",
-  "update_secrets",
-  "delete_function",
-  "manage_telemetries",
-  "manage_registry_credentials",
-  "cluster-management",
-  "invoke_function",
-  "queue_details",
-  "authorize_clients",
-] as const;
-export type Scope = (typeof SCOPES)[number];
-
-/** What the issuer puts in an admin token (contract §5.4), plus the scopes needed to issue invoke keys. */
-export const ADMIN_DEFAULT_SCOPES: readonly Scope[] = [
-  "register_function",
-  "list_functions",
-  "list_functions_details",
-  "deploy_function",
-  "update_function",
-  "update_secrets",
-  "delete_function",
-  "manage_telemetries",
-  "manage_registry_credentials",
-  "cluster-management",
-  "invoke_function",
-  "queue_details",
-];
-
-export const API_KEY_DEFAULT_SCOPES: readonly Scope[] = [
-  "invoke_function",
-  "list_functions",
-  "queue_details",
-  "list_functions_details",
-];
-
-/** Internal scopes held only by callplane's own services. */
-export const SERVICE_SCOPES = {
-  invocation: ["internal:invocation-auth", "internal:introspect"],
-  compute: ["internal:deployments", "internal:instances", "internal:secrets", "internal:identities"],
-  "nats-auth-callout": ["internal:nats-auth", "internal:introspect"],
-} as const satisfies Record<string, readonly string[]>;
-export type ServiceName = keyof typeof SERVICE_SCOPES;
+import { CallplaneError } from "../errors.js";
+import { writeFileAtomic } from "../fs.js";
+import { ADMIN_DEFAULT_SCOPES, type Principal } from "./scopes.js";
 
 /** The `iss` of tokens from the admin token issuer service (signed with adminIssuerProxy.signingKeyFile). */
 export const ADMIN_ISSUER = "callplane-admin-issuer";
@@ -83,50 +28,6 @@ export const ADMIN_ISSUER = "callplane-admin-issuer";
 export const STACK_ADMIN_ISSUER = "callplane-admin";
 export const ADMIN_AUDIENCE = "callplane-api";
 export const ADMIN_ALG = "ES256";
-
-export type Principal =
-  | { kind: "admin"; subject: string; tokenId: string; scopes: ReadonlySet<string>; expiresAt: Date }
-  | { kind: "apikey"; subject: string; keyId: string; scopes: ReadonlySet<string>; expiresAt: Date }
-  | { kind: "service"; subject: ServiceName; scopes: ReadonlySet<string> };
-
-export function requireScope(p: Principal, scope: string): void {
-  if (!p.scopes.has(scope)) {
-    throw new CallplaneError(
-      "FORBIDDEN_SCOPE",
-      `this ${p.kind === "apikey" ? "API key" : p.kind === "admin" ? "admin token" : "service token"} lacks the scope "${scope}", which this endpoint needs`,
-      {
-        extra: { requiredScope: scope },
-      },
-    );
-  }
-}
-
-export function sha256Hex(text: string): string {
-  return createHash("sha256").update(text).digest("hex");
-}
-
-export function newApiKey(): string {
-  return `nvapi-${randomBytes(36).toString("base64url")}`;
-}
-
-export function newServiceToken(): string {
-  return `cps-${randomBytes(32).toString("base64url")}`;
-}
-
-export function constantTimeEqualHex(a: string, b: string): boolean {
-  const x = Buffer.from(a, "hex");
-  const y = Buffer.from(b, "hex");
-  return x.length === y.length && timingSafeEqual(x, y);
-}
-
-/** Writes a file atomically (temporary file, then rename) with the given mode. */
-export function writeFileAtomic(path: string, data: string, mode = 0o600): void {
-  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
-  const tmp = `${path}.${process.pid}.${randomBytes(4).toString("hex")}.tmp`;
-  writeFileSync(tmp, data, { mode });
-  chmodSync(tmp, mode);
-  renameSync(tmp, path);
-}
 
 /**
  * Creates the admin signing key pair (EC P-256) when neither file exists, and the public key from
@@ -152,28 +53,6 @@ export function ensureAdminKeyPair(
   writeFileAtomic(privateKeyFile, privateKey.export({ type: "pkcs8", format: "pem" }).toString(), 0o600);
   writeFileAtomic(publicKeyFile, publicKey.export({ type: "spki", format: "pem" }).toString(), 0o644);
   return { created: true };
-}
-
-/** Creates a service token file per internal service if missing; returns their paths. */
-export function ensureServiceTokens(dir: string): Record<ServiceName, string> {
-  const out = {} as Record<ServiceName, string>;
-  for (const name of Object.keys(SERVICE_SCOPES) as ServiceName[]) {
-    const file = join(dir, `${name}.token`);
-    if (!existsSync(file)) writeFileAtomic(file, `${newServiceToken()}\n`, 0o600);
-    out[name] = file;
-  }
-  return out;
-}
-
-export function readServiceToken(dir: string, name: ServiceName): string {
-  const file = join(dir, `${name}.token`);
-  try {
-    return readFileSync(file, "utf8").trim();
-  } catch (err) {
-    throw new Error(`cannot read the ${name} service token at ${file}: ${(err as Error).message}`, {
-      cause: err,
-    });
-  }
 }
 
 export interface AdminTokenSigner {

@@ -8,8 +8,8 @@ import { X509Certificate, createHash, createPrivateKey } from "node:crypto";
 import { createSecureContext } from "node:tls";
 import { watch, readFileSync, type FSWatcher } from "node:fs";
 import { dirname } from "node:path";
-import type { Logger } from "./log.js";
-import { Counter, Gauge, type Registry } from "./metrics.js";
+import type { Logger } from "../log.js";
+import { Counter, Gauge, type Registry } from "../metrics.js";
 
 export interface TlsMaterial {
   cert?: string;

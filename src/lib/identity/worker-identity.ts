@@ -13,7 +13,7 @@ import {
 } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { SignJWT, errors as joseErrors, jwtVerify } from "jose";
-import { writeFileAtomic } from "./auth.js";
+import { writeFileAtomic } from "../fs.js";
 
 export const IDENTITY_ISSUER = "callplane-api";
 export const IDENTITY_TYP = "worker-identity+jwt";

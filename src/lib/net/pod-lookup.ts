@@ -4,7 +4,7 @@
 // under the service domain, then the system's DNS) and the callback proxy (pod names only, never
 // DNS, so a name can never be rebound to an address outside the pod networks).
 import { lookup as dnsLookup, type LookupAddress, type LookupOptions } from "node:dns";
-import { undashIp } from "./net.js";
+import { undashIp } from "./address.js";
 
 export type LookupCallback = (
   err: NodeJS.ErrnoException | null,

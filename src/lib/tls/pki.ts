@@ -11,8 +11,8 @@ type CryptoKey = webcrypto.CryptoKey;
 import { existsSync, readFileSync } from "node:fs";
 import { isIPv4 } from "node:net";
 import { join } from "node:path";
-import { writeFileAtomic } from "./auth.js";
-import { podHost } from "./pod-address.js";
+import { writeFileAtomic } from "../fs.js";
+import { podHost } from "../net/index.js";
 
 x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
 

@@ -20,7 +20,7 @@ import {
   refuseStream,
   statusOfReset,
   type GrpcStatus,
-} from "./grpc.js";
+} from "./protocol.js";
 
 /**
  * Window sizes: a stream may have 1 MiB in flight and a connection 16 MiB (the defaults, 64 KiB
