@@ -12,7 +12,6 @@ import { ensureNatsKeys } from "../../lib/nats/index.js";
 import { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/index.js";
 import { ensureIdentityKey } from "../../lib/identity/index.js";
 import { clusterNames } from "../../deploy/cluster-config.js";
-import { loadForCluster } from "../../deploy/index.js";
 import { SECRETS } from "../../deploy/layout.js";
 import { CliError } from "../errors.js";
 import { printJson } from "../output.js";
@@ -38,8 +37,10 @@ cluster gets only its public key). Files that exist are kept, so running it agai
 Then create each Secret with the kubectl line it prints. The output is key material: keep the
 folder private, and out of version control.`,
     )
-    .action((opts: { file: string; out: string }, cmd: Command) => {
+    .action(async (opts: { file: string; out: string }, cmd: Command) => {
       const s = settingsFor(cmd);
+      // the deploy module loads every Kubernetes model (most of a second): only this command pays for it
+      const { loadForCluster } = await import("../../deploy/index.js");
       let config;
       try {
         config = loadForCluster(opts.file).config;

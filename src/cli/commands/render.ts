@@ -2,7 +2,6 @@
 // the environment file `npm start` uses (docs/kubernetes.md). It needs no stack and no cluster.
 import type { Command } from "commander";
 import { ConfigError } from "../../lib/config/index.js";
-import { RenderError, renderFile, writeRendered } from "../../deploy/index.js";
 import { describeObject } from "../../deploy/validate.js";
 import { CliError, usageError } from "../errors.js";
 import { note, printJson, printTable } from "../output.js";
@@ -26,8 +25,10 @@ file alone. A configuration that cannot work on a cluster is refused with the ke
 
 Then: kubectl apply -f <dir>   (the walk-through: docs/kubernetes.md)`,
     )
-    .action((opts: { file: string; out: string }, cmd: Command) => {
+    .action(async (opts: { file: string; out: string }, cmd: Command) => {
       const s = settingsFor(cmd);
+      // the renderer loads every Kubernetes model (most of a second): only this command pays for it
+      const { RenderError, renderFile, writeRendered } = await import("../../deploy/index.js");
       if (!opts.file) throw usageError("--file needs an environment file");
       let result;
       try {
