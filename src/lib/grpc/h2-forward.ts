@@ -21,6 +21,8 @@ import {
   statusOfReset,
   type GrpcStatus,
 } from "./protocol.js";
+// the file itself, not the folder's index: lib/http imports errors.ts, which imports this folder
+import { HOP_BY_HOP } from "../http/headers.js";
 
 /**
  * Window sizes: a stream may have 1 MiB in flight and a connection 16 MiB (the defaults, 64 KiB
@@ -51,15 +53,9 @@ export function widenWindow(session: { setLocalWindowSize(n: number): void; dest
   }
 }
 
-const REQUEST_DROP = new Set([
-  "connection",
-  "keep-alive",
-  "proxy-connection",
-  "transfer-encoding",
-  "upgrade",
-  "host",
-  "http2-settings",
-]);
+// HTTP/2 carries no connection-specific header (RFC 9113 §8.2.2) but `te: trailers`, which gRPC
+// needs; `host` is the `:authority` pseudo-header there
+const REQUEST_DROP = new Set([...HOP_BY_HOP, "host", "http2-settings"]);
 
 /** A request's headers for the next hop: its pseudo-headers, `te: trailers` only, minus `drop`. */
 export function nextHopRequestHeaders(
@@ -69,8 +65,8 @@ export function nextHopRequestHeaders(
 ): OutgoingHttpHeaders {
   const out: OutgoingHttpHeaders = {};
   for (const [k, v] of Object.entries(headers)) {
-    if (v === undefined || REQUEST_DROP.has(k) || drop.has(k)) continue;
-    if (k === "te" && v !== "trailers") continue;
+    if (v === undefined || drop.has(k)) continue;
+    if (k === "te" ? v !== "trailers" : REQUEST_DROP.has(k)) continue;
     out[k] = v;
   }
   return Object.assign(out, add);
