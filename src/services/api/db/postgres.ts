@@ -10,6 +10,30 @@ export function numbered(sql: string): string {
   return sql.replace(/\?/g, () => `$${++n}`);
 }
 
+/**
+ * Runs `fn` in one transaction on one pooled connection: any error rolls it back. With `lockKey`,
+ * the transaction first takes that transaction-scoped advisory lock.
+ */
+export async function inTransaction<T>(
+  pool: pg.Pool,
+  fn: (c: pg.PoolClient) => Promise<T>,
+  lockKey?: number,
+): Promise<T> {
+  const c = await pool.connect();
+  try {
+    await c.query("BEGIN");
+    if (lockKey !== undefined) await c.query("SELECT pg_advisory_xact_lock($1)", [lockKey]);
+    const out = await fn(c);
+    await c.query("COMMIT");
+    return out;
+  } catch (err) {
+    await c.query("ROLLBACK").catch(() => undefined);
+    throw err;
+  } finally {
+    c.release();
+  }
+}
+
 async function execute(on: pg.Pool | pg.PoolClient, step: Step): Promise<Result> {
   if ("script" in step) {
     await on.query(step.script);
@@ -35,19 +59,7 @@ export class PostgresRunner implements SqlRunner {
     return driveAsync(steps, (s) => execute(this.pool, s));
   }
 
-  async transaction<T>(steps: Steps<T>): Promise<T> {
-    const c = await this.pool.connect();
-    try {
-      await c.query("BEGIN");
-      if (this.lockKey !== undefined) await c.query("SELECT pg_advisory_xact_lock($1)", [this.lockKey]);
-      const out = await driveAsync(steps, (s) => execute(c, s));
-      await c.query("COMMIT");
-      return out;
-    } catch (err) {
-      await c.query("ROLLBACK").catch(() => undefined);
-      throw err;
-    } finally {
-      c.release();
-    }
+  transaction<T>(steps: Steps<T>): Promise<T> {
+    return inTransaction(this.pool, (c) => driveAsync(steps, (s) => execute(c, s)), this.lockKey);
   }
 }

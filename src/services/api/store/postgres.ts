@@ -4,7 +4,7 @@
 // that the database decides (INSERT ... ON CONFLICT), never a read followed by a write.
 import pg from "pg";
 import { migratePostgres } from "../db/migrate.js";
-import { numbered } from "../db/postgres.js";
+import { inTransaction, numbered } from "../db/postgres.js";
 import {
   VERSION_SELECT,
   deploymentFromRow,
@@ -51,19 +51,8 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
   }
   const q: Query = (sql, params = []) => pool.query(numbered(sql), params);
   /** Runs `fn` in one transaction on one connection; any error rolls it back. */
-  async function tx<T>(fn: (q: Query) => Promise<T>): Promise<T> {
-    const c = await pool.connect();
-    try {
-      await c.query("BEGIN");
-      const out = await fn((sql, params = []) => c.query(numbered(sql), params));
-      await c.query("COMMIT");
-      return out;
-    } catch (err) {
-      await c.query("ROLLBACK").catch(() => undefined);
-      throw err;
-    } finally {
-      c.release();
-    }
+  function tx<T>(fn: (q: Query) => Promise<T>): Promise<T> {
+    return inTransaction(pool, (c) => fn((sql, params = []) => c.query(numbered(sql), params)));
   }
   const rows = async <R>(sql: string, params: unknown[] = []) => (await q(sql, params)).rows as R[];
   const one = async <R>(sql: string, params: unknown[] = []) => (await rows<R>(sql, params))[0];
