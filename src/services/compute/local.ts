@@ -15,11 +15,12 @@ import { InstanceSecrets } from "./secrets.js";
 import { InstanceIdentity } from "./identity.js";
 import { inferenceCommand, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
 import { InstanceProcesses } from "./instance-processes.js";
+import type { ComputeInstance } from "./backend.js";
 
 // the types a caller of LocalInstance names, where it has always found them
 export type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
 
-export class LocalInstance {
+export class LocalInstance implements ComputeInstance {
   private id = randomUUID();
   /** Its id; a start attempt after a failed one is a new instance with a new id (a revoked identity stays revoked). */
   get instanceId(): string {
@@ -62,6 +63,11 @@ export class LocalInstance {
       `instance ${status}`,
     );
     this.onChange();
+  }
+
+  /** Its location, as the agent reports it: its own loopback address. */
+  get location(): string {
+    return this.host;
   }
 
   /** The revision of the secrets this instance's file holds (-1: none written yet). */

@@ -1,0 +1,111 @@
+// The reconcile loop: every syncIntervalMs, reads the desired deployments from the API, starts and
+// stops instances (through the backend) until each deployment has its count, hands running ones a
+// new secrets revision, and reports. Status changes between syncs are reported as they happen.
+import type { Logger } from "../../lib/log.js";
+import type { ComputeApiClient } from "./api-client.js";
+import type { ComputeBackend, ComputeInstance } from "./backend.js";
+import type { InstanceTable } from "./instance-table.js";
+import type { StatusReporter } from "./status-report.js";
+
+export interface ReconcilerDeps<I extends ComputeInstance> {
+  api: ComputeApiClient;
+  backend: ComputeBackend<I>;
+  instances: InstanceTable<I>;
+  reporter: StatusReporter<I>;
+  syncIntervalMs: number;
+  logger: Logger;
+}
+
+export class Reconciler<I extends ComputeInstance> {
+  /** The last sync with the API succeeded (the agent's readiness). */
+  lastSyncOk = false;
+  private timer: NodeJS.Timeout | undefined;
+  private syncing: Promise<void> | undefined;
+  private stopped = false;
+
+  constructor(private readonly deps: ReconcilerDeps<I>) {}
+
+  /** Syncs now, then every syncIntervalMs after the previous sync ended. */
+  start(): void {
+    this.tick();
+  }
+
+  /** No sync starts any more (the sync under way, if any, goes on). */
+  halt(): void {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+  }
+
+  /** Halts, and waits for the sync under way. */
+  async stop(): Promise<void> {
+    this.halt();
+    await this.syncing;
+  }
+
+  /** An instance's status changed (the backend calls this). */
+  readonly instanceChanged = (): void => {
+    this.deps.reporter.dirty = true;
+    // Fix: once closing, close() sends the last report itself. A status change that came later (an
+    // instance's exit noticed after its stop) used to queue one more report behind it, with
+    // nothing left in it, which replaced the TERMINATED rows with none.
+    if (!this.syncing && !this.stopped) void this.deps.reporter.report().catch(() => undefined);
+  };
+
+  private tick(): void {
+    if (this.stopped) return;
+    this.syncing = this.sync()
+      .catch((err: unknown) => {
+        this.lastSyncOk = false;
+        this.deps.logger.warn(
+          { err: (err as Error).message },
+          "sync with the control plane failed; retrying",
+        );
+      })
+      .finally(() => {
+        this.syncing = undefined;
+        if (this.deps.reporter.dirty && !this.stopped)
+          void this.deps.reporter.report().catch(() => undefined);
+        if (!this.stopped) this.timer = setTimeout(() => this.tick(), this.deps.syncIntervalMs);
+      });
+  }
+
+  async sync(): Promise<void> {
+    const { api, backend, instances, logger } = this.deps;
+    const desired = await api.desiredState();
+    const deployments = desired.deployments;
+    // instances started from now on get what the API says now (a mode switch reaches new workers
+    // only; running ones keep what they started with)
+    backend.setWorkerNatsEnv(desired.workerNatsEnv ?? {});
+    this.lastSyncOk = true;
+    const wanted = new Set(deployments.map((d) => d.deploymentId));
+    const stops: Array<Promise<void>> = [];
+    for (const [id, list] of instances.removeUnwanted(wanted)) {
+      logger.info({ deploymentId: id, instances: list.length }, "deployment removed: stopping its instances");
+      for (const i of list) stops.push(instances.stop(i));
+    }
+    for (const d of deployments) {
+      const spec = d.specs[0];
+      if (!spec) continue;
+      const target = backend.instanceCount(spec);
+      const list = instances.listOf(d.deploymentId);
+      while (list.length < target) {
+        const inst = backend.create(d, instances.inUse(), this.instanceChanged);
+        list.push(inst);
+        // (the log field keeps its name: the local backend's location is the instance's host)
+        logger.info(
+          { function: d.name, instanceId: inst.instanceId, host: inst.location },
+          "starting instance",
+        );
+        inst.start();
+      }
+      while (list.length > target) {
+        const inst = list.pop()!;
+        stops.push(instances.stop(inst));
+      }
+      // a secret of the version changed: running instances get the new file
+      for (const inst of list) inst.refreshSecrets(d.secretsRevision ?? 0);
+    }
+    await Promise.all(stops);
+    await this.deps.reporter.report();
+  }
+}
