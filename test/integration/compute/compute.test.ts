@@ -25,11 +25,14 @@ import {
   type ApiFixture,
 } from "../../testkit/index.js";
 
-/** Waits for a condition; these tests start whole process trees, so the default is generous. */
+/**
+ * Waits for a condition; these tests start whole process trees (two instances are four Node
+ * processes), which on a loaded 2-core machine took over 30 s, so the deadline is generous.
+ */
 const waitFor = <T>(
   what: string,
   check: () => T | undefined | false | Promise<T | undefined | false>,
-  timeoutMs = 30_000,
+  timeoutMs = 90_000,
 ) => poll(what, check, timeoutMs);
 
 const INSTANCE_NET = "127.0.31.0/24";
