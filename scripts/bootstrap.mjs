@@ -178,6 +178,13 @@ function runTests(tiers, filter) {
   const chosen = testFiles(tiers.flatMap((t) => TIERS[t])).filter(
     (f) => filter.length === 0 || filter.some((x) => f.includes(x)),
   );
+  if (chosen.length === 0) {
+    console.error(
+      `[callplane] no test file of the ${tiers.join(", ")} tier${tiers.length > 1 ? "s" : ""} has a path containing ${filter.map((x) => JSON.stringify(x)).join(" or ")}; ` +
+        "name part of a test file's path, e.g. `npm run test:integration -- invocation/` or `npm run test:unit -- render`",
+    );
+    process.exit(2);
+  }
   const alone = chosen.filter((f) => f === FAULTS);
   const files = slowFirst(chosen.filter((f) => f !== FAULTS));
   const concurrency = process.env.CALLPLANE_TEST_CONCURRENCY ?? "2";
