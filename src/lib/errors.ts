@@ -2,7 +2,9 @@
 // HTTP status and one gRPC status and says whether the caller (user) or callplane (system) is at
 // fault. The tables are typed so that a code without a status does not compile; docs/errors.md lists
 // the same codes and a test keeps the two in step.
-import { GRPC, type GrpcStatus } from "./grpc/index.js";
+// the one file, not the folder: grpc/index.js would load @grpc/grpc-js into every process that
+// only needs the status numbers (the CLI among them)
+import { GRPC, type GrpcStatus } from "./grpc/protocol.js";
 
 export const ERROR_CODES = {
   // request shape

@@ -14,7 +14,7 @@ import { formatHostPort, type HostPort } from "../net/index.js";
 
 export function natsServerBinary(configured?: string): string {
   // .tools/ in the checkout is where the bootstrap script puts the one it fetches
-  const local = join(fileURLToPath(import.meta.url), "..", "..", "..", "..", ".tools", "nats-server");
+  const local = join(fileURLToPath(import.meta.url), "..", "..", "..", "..", "..", ".tools", "nats-server");
   const candidates = [configured, process.env.CALLPLANE_NATS_SERVER, "nats-server", local].filter(
     (x): x is string => !!x,
   );

@@ -175,6 +175,10 @@ async function build(scope: Scope, o: FaultPlaneOptions): Promise<FaultPlane> {
     CALLPLANE__GRPCPROXY__CONNECT_PORT: String(grpcConnectPort),
     CALLPLANE__GRPCPROXY__DRAIN_DELAY_SECONDS: drain,
     CALLPLANE__WORKER_CALLBACK_PROXY__DRAIN_DELAY_SECONDS: drain,
+    // a proxy that stops waits this long for live tunnels to end: the workers keep their gRPC
+    // tunnels open between calls, so a stop always waited the whole grace (30 s by default, twice
+    // per run); 5 s is ample for the HTTP callbacks the proxy case counts
+    CALLPLANE__WORKER_CALLBACK_PROXY__SHUTDOWN_GRACE_SECONDS: "5",
   };
   const logs = join(dir, "logs");
   mkdirSync(logs, { recursive: true });
