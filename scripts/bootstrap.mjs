@@ -4,7 +4,7 @@
 // Python's grpcio), then hands over.
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join, dirname, relative } from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
@@ -58,7 +58,27 @@ function newestMtime(dir) {
   return newest;
 }
 
+// tsc never deletes what it once wrote: a source moved or removed would leave its old .js in dist/,
+// and a stale test there would still run. Every output without its source goes.
+function pruneDist() {
+  const walk = (dir, src) => {
+    if (!existsSync(dir)) return;
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = join(dir, e.name);
+      if (e.isDirectory()) {
+        walk(p, join(src, e.name));
+        if (readdirSync(p).length === 0) rmSync(p, { recursive: true });
+        continue;
+      }
+      const m = /^(.*)\.js(\.map)?$/.exec(e.name);
+      if (m && !existsSync(join(src, `${m[1]}.ts`))) rmSync(p);
+    }
+  };
+  for (const d of ["src", "test", "examples", "bench"]) walk(join(root, "dist", d), join(root, d));
+}
+
 function ensureBuild() {
+  pruneDist();
   const info = join(root, "dist", ".tsbuildinfo");
   const sources = ["src", "test", "examples", "bench"].filter((d) => existsSync(join(root, d)));
   const newest = Math.max(
