@@ -2,7 +2,6 @@
 // where the issuer is turned off or not reachable from here.
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
-import { createAdminTokenSigner } from "../../lib/identity/index.js";
 import { CliError } from "../errors.js";
 import { note, printJson, relative } from "../output.js";
 import { integer } from "../parse.js";
@@ -53,6 +52,7 @@ The data folder is ./.callplane, or CALLPLANE__GLOBAL__DATA_DIR when set.`,
           },
         );
       }
+      const { createAdminTokenSigner } = await import("../../lib/identity/index.js");
       let signed;
       try {
         signed = await (await createAdminTokenSigner(pem, opts.ttl)).sign();

@@ -5,14 +5,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
-import { ensureAdminKeyPair, ensureServiceTokens } from "../../lib/identity/index.js";
 import { writeFileAtomic } from "../../lib/fs.js";
-import { ConfigError } from "../../lib/config/index.js";
-import { ensureNatsKeys } from "../../lib/nats/index.js";
-import { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/index.js";
-import { ensureIdentityKey } from "../../lib/identity/index.js";
-import { clusterNames } from "../../deploy/cluster-config.js";
-import { SECRETS } from "../../deploy/layout.js";
 import { CliError } from "../errors.js";
 import { printJson } from "../output.js";
 import { settingsFor } from "../settings.js";
@@ -41,6 +34,14 @@ folder private, and out of version control.`,
       const s = settingsFor(cmd);
       // the deploy module loads every Kubernetes model (most of a second): only this command pays for it
       const { loadForCluster } = await import("../../deploy/index.js");
+      const { clusterNames } = await import("../../deploy/cluster-config.js");
+      const { SECRETS } = await import("../../deploy/layout.js");
+      const { ConfigError } = await import("../../lib/config/index.js");
+      const { ensureAdminKeyPair, ensureIdentityKey, ensureServiceTokens } =
+        await import("../../lib/identity/index.js");
+      const { ensureNatsKeys } = await import("../../lib/nats/index.js");
+      const { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } =
+        await import("../../lib/secrets/index.js");
       let config;
       try {
         config = loadForCluster(opts.file).config;

@@ -1,16 +1,12 @@
 // `callplane invoke`: call a function through the invocation service (contract §2) and stream the
 // answer to stdout. A 202 means the function is still working: poll
 // GET /v2/nvcf/pexec/status/{NVCF-REQID} until the answer is final, showing progress on stderr.
-import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
-import { status } from "@grpc/grpc-js";
 import { createReadStream, readFileSync, statSync } from "node:fs";
 import { buffer } from "node:stream/consumers";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Command } from "commander";
-import { EchoMessageSchema } from "../../gen/callplane/examples/echo_pb.js";
-import { rawUnary } from "../../lib/grpc/index.js";
 import { Api, problemError, send, type Service } from "../client.js";
 import { CliError, usageError } from "../errors.js";
 import { UUID, pickVersion, resolveFunction } from "../functions.js";
@@ -299,8 +295,6 @@ Examples:
     });
 }
 
-const GRPC_STATUS_NAMES = Object.fromEntries(Object.entries(status).map(([name, n]) => [n, name]));
-
 /** One unary gRPC call through grpc-proxy; the answer goes to stdout. */
 async function invokeGrpc(
   opts: InvokeOptions,
@@ -323,6 +317,12 @@ async function invokeGrpc(
   } catch (err) {
     throw usageError(`cannot read the message file ${file}: ${(err as Error).message}`);
   }
+  // gRPC and protobuf load only for --grpc
+  const { create, fromBinary, toBinary } = await import("@bufbuild/protobuf");
+  const { status } = await import("@grpc/grpc-js");
+  const { EchoMessageSchema } = await import("../../gen/callplane/examples/echo_pb.js");
+  const { rawUnary } = await import("../../lib/grpc/index.js");
+  const GRPC_STATUS_NAMES = Object.fromEntries(Object.entries(status).map(([name, n]) => [n, name]));
   const echo = opts.method.startsWith(ECHO_SERVICE);
   const request = echo ? toBinary(EchoMessageSchema, create(EchoMessageSchema, { payload: raw })) : raw;
   const target = new URL(url.value).host;

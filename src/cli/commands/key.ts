@@ -1,7 +1,8 @@
 // `callplane key create|list|revoke`: API keys for invoking functions (contract §5.4). Managing
 // keys needs an admin token; the key value is shown once, when it is created.
 import { InvalidArgumentError, type Command } from "commander";
-import { SCOPES } from "../../lib/identity/index.js";
+// the scopes only: the identity folder loads jose and the key files (a parser runs synchronously)
+import { SCOPES } from "../../lib/identity/scopes.js";
 import { Api } from "../client.js";
 import { note, printFields, printJson, printTable, relative } from "../output.js";
 import { duration } from "../parse.js";

@@ -7,16 +7,12 @@
 // JetStream leader, each work queue's replicas), read through the system account as nats-monitor.
 import type { Command } from "commander";
 import { writeFileAtomic } from "../../lib/fs.js";
-import { rotateWorkerKeyAndClose } from "../../lib/nats/index.js";
-import { natsAccess, natsServerAuthConfig } from "../../lib/nats/index.js";
-import { natsClusterHealth } from "../../lib/nats/index.js";
-import { connectNats, drainOrClose } from "../../lib/nats/index.js";
-import { silentLogger } from "../../lib/log.js";
 import { CliError } from "../errors.js";
 import { printFields, printJson, printTable } from "../output.js";
 import { settingsFor } from "../settings.js";
 import { stackConfig } from "./pki.js";
 
+// lib/nats (the NATS client) and lib/log load only in the actions that use them
 export function registerNats(program: Command): void {
   const nats = program.command("nats").description("the stack's NATS: its health and credentials");
   nats
@@ -31,7 +27,10 @@ export function registerNats(program: Command): void {
     .addHelpText("after", "\nExits 1 when a server is missing or unhealthy, so scripts can wait on it.")
     .action(async (opts: { stackConfig?: string }, cmd: Command) => {
       const s = settingsFor(cmd);
-      const config = stackConfig(opts.stackConfig);
+      const config = await stackConfig(opts.stackConfig);
+      const { connectNats, drainOrClose, natsAccess, natsClusterHealth } =
+        await import("../../lib/nats/index.js");
+      const { silentLogger } = await import("../../lib/log.js");
       const expected = config.nats.cluster.size;
       let nc;
       try {
@@ -109,7 +108,8 @@ export function registerNats(program: Command): void {
     )
     .action(async (opts: { stackConfig?: string }, cmd: Command) => {
       const s = settingsFor(cmd);
-      const config = stackConfig(opts.stackConfig);
+      const config = await stackConfig(opts.stackConfig);
+      const { natsAccess, rotateWorkerKeyAndClose } = await import("../../lib/nats/index.js");
       let r;
       try {
         r = await rotateWorkerKeyAndClose(
@@ -157,7 +157,8 @@ The block names only public keys, derived from the seeds: every service role of 
 table (docs/architecture.md) and the auth callout's issuer. The local stack writes the same block
 into its own nats-server configuration.`,
     )
-    .action((opts: { credentialsDir: string; region: string; out: string }) => {
+    .action(async (opts: { credentialsDir: string; region: string; out: string }) => {
+      const { natsServerAuthConfig } = await import("../../lib/nats/index.js");
       let text: string;
       try {
         text = natsServerAuthConfig(opts.credentialsDir, opts.region);

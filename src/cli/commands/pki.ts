@@ -3,21 +3,14 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Command } from "commander";
-import { loadConfig, ConfigError } from "../../lib/config/index.js";
-import { natsCertNames, natsRouteCertNames } from "../../lib/nats/index.js";
-import { cidrHost, parseCidr } from "../../lib/net/index.js";
-import {
-  TLS_FILES,
-  describeCert,
-  ensureCa,
-  ensureServerCert,
-  stackCertificates,
-} from "../../lib/tls/index.js";
+import type { Config } from "../../lib/config/index.js";
 import { CliError } from "../errors.js";
 import { printJson } from "../output.js";
 import { settingsFor } from "../settings.js";
 
-function stackConfig(file: string | undefined) {
+// lib/config, lib/nats, lib/net and lib/tls load only in the actions that read the stack's config
+async function stackConfig(file: string | undefined): Promise<Config> {
+  const { loadConfig, ConfigError } = await import("../../lib/config/index.js");
   try {
     return loadConfig({ file: file ?? (existsSync("callplane.yaml") ? "callplane.yaml" : undefined) });
   } catch (err) {
@@ -26,26 +19,36 @@ function stackConfig(file: string | undefined) {
   }
 }
 
-function certificatesOf(config: ReturnType<typeof loadConfig>) {
-  const net = parseCidr(config.invocation.podNetwork);
-  return stackCertificates({
+async function pkiModules() {
+  const [nats, net, tls] = await Promise.all([
+    import("../../lib/nats/index.js"),
+    import("../../lib/net/index.js"),
+    import("../../lib/tls/index.js"),
+  ]);
+  return { nats, net, tls };
+}
+type PkiModules = Awaited<ReturnType<typeof pkiModules>>;
+
+function certificatesOf(config: Config, m: PkiModules) {
+  const net = m.net.parseCidr(config.invocation.podNetwork);
+  return m.tls.stackCertificates({
     pkiDir: config.pki.dir,
     serviceDomain: config.global.serviceDomain,
     workerDomain: config.workerCallbackProxy.workerDomain,
     proxyEnabled: config.workerCallbackProxy.enabled,
     upstreamTls: config.workerCallbackProxy.invocation.upstreamTls.enabled,
     frontendCertFile: config.workerCallbackProxy.tls.frontend.certFile,
-    replicaIps: Array.from({ length: config.invocation.replicaCount }, (_, i) => cidrHost(net, i + 1)),
-    natsNames: config.nats.server.enabled ? natsCertNames(config.nats) : [],
+    replicaIps: Array.from({ length: config.invocation.replicaCount }, (_, i) => m.net.cidrHost(net, i + 1)),
+    natsNames: config.nats.server.enabled ? m.nats.natsCertNames(config.nats) : [],
     natsCertFile: config.nats.tls.certFile,
-    natsRouteNames: config.nats.server.enabled ? natsRouteCertNames(config.nats) : [],
+    natsRouteNames: config.nats.server.enabled ? m.nats.natsRouteCertNames(config.nats) : [],
     natsRouteCertFile: config.nats.cluster.tls.certFile,
   });
 }
 
-function describeFile(file: string) {
+function describeFile(file: string, m: PkiModules) {
   if (!existsSync(file)) return { file, present: false as const };
-  const info = describeCert(readFileSync(file, "utf8"));
+  const info = m.tls.describeCert(readFileSync(file, "utf8"));
   const daysLeft = Math.floor((info.notAfter.getTime() - Date.now()) / 86_400_000);
   return {
     file,
@@ -70,24 +73,25 @@ export function registerPki(program: Command): void {
       "--stack-config <file>",
       "the stack's environment file (default: ./callplane.yaml when present, else the defaults)",
     )
-    .action((opts: { stackConfig?: string }, cmd: Command) => {
+    .action(async (opts: { stackConfig?: string }, cmd: Command) => {
       const s = settingsFor(cmd);
-      const config = stackConfig(opts.stackConfig);
+      const config = await stackConfig(opts.stackConfig);
+      const m = await pkiModules();
       const rows = [
-        { name: "stack CA", ...describeFile(config.pki.caCertFile) },
+        { name: "stack CA", ...describeFile(config.pki.caCertFile, m) },
         ...(config.workerCallbackProxy.enabled &&
-        !certificatesOf(config).some((c) => c.name.startsWith("callback proxy"))
+        !certificatesOf(config, m).some((c) => c.name.startsWith("callback proxy"))
           ? [
               {
                 name: "callback proxy frontend (operator-supplied)",
-                ...describeFile(config.workerCallbackProxy.tls.frontend.certFile),
+                ...describeFile(config.workerCallbackProxy.tls.frontend.certFile, m),
               },
             ]
           : []),
-        ...certificatesOf(config).map((c) => ({
+        ...certificatesOf(config, m).map((c) => ({
           name: c.name,
           expectedNames: c.dnsNames,
-          ...describeFile(join(c.folder, TLS_FILES.cert)),
+          ...describeFile(join(c.folder, m.tls.TLS_FILES.cert), m),
         })),
       ];
       if (s.json) {
@@ -126,20 +130,23 @@ export function registerPki(program: Command): void {
     )
     .action(async (opts: { stackConfig?: string; force?: boolean }, cmd: Command) => {
       const s = settingsFor(cmd);
-      const config = stackConfig(opts.stackConfig);
-      const ca = await ensureCa({
-        dir: config.pki.dir,
-        caCertFile: config.pki.caCertFile,
-        caKeyFile: config.pki.caKeyFile,
-      }).catch((err: unknown) => {
-        throw new CliError((err as Error).message, "PKI");
-      });
+      const config = await stackConfig(opts.stackConfig);
+      const m = await pkiModules();
+      const ca = await m.tls
+        .ensureCa({
+          dir: config.pki.dir,
+          caCertFile: config.pki.caCertFile,
+          caKeyFile: config.pki.caKeyFile,
+        })
+        .catch((err: unknown) => {
+          throw new CliError((err as Error).message, "PKI");
+        });
       const done: Array<{ name: string; folder: string; action: string }> = [];
-      for (const c of certificatesOf(config)) {
+      for (const c of certificatesOf(config, m)) {
         done.push({
           name: c.name,
           folder: c.folder,
-          action: await ensureServerCert(c.folder, ca, c.dnsNames, {
+          action: await m.tls.ensureServerCert(c.folder, ca, c.dnsNames, {
             force: opts.force ?? false,
             clientAuth: c.clientAuth ?? false,
           }),

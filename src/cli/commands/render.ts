@@ -1,8 +1,6 @@
 // `callplane render -f <env.yaml> -o <dir>`: the Kubernetes manifests of a whole control plane, from
 // the environment file `npm start` uses (docs/kubernetes.md). It needs no stack and no cluster.
 import type { Command } from "commander";
-import { ConfigError } from "../../lib/config/index.js";
-import { describeObject } from "../../deploy/validate.js";
 import { CliError, usageError } from "../errors.js";
 import { note, printJson, printTable } from "../output.js";
 import { settingsFor } from "../settings.js";
@@ -29,6 +27,8 @@ Then: kubectl apply -f <dir>   (the walk-through: docs/kubernetes.md)`,
       const s = settingsFor(cmd);
       // the renderer loads every Kubernetes model (most of a second): only this command pays for it
       const { RenderError, renderFile, writeRendered } = await import("../../deploy/index.js");
+      const { describeObject } = await import("../../deploy/validate.js");
+      const { ConfigError } = await import("../../lib/config/index.js");
       if (!opts.file) throw usageError("--file needs an environment file");
       let result;
       try {

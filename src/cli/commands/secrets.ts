@@ -3,7 +3,6 @@
 // it to the end, one line per step. Stopping the command does not stop the rotation: running it
 // again follows the one under way.
 import type { Command } from "commander";
-import { KEYRING_FORMAT, newKeyringEntry } from "../../lib/secrets/index.js";
 import { Api } from "../client.js";
 import { CliError } from "../errors.js";
 import { resolveFunction } from "../functions.js";
@@ -229,7 +228,8 @@ The output is key material: redirect it into your secret manager, never into a s
 env provider, add the entry to the keyring in the environment of every API replica, restart them,
 then run \`callplane secrets rotate-mek --key-id <kid>\`.`,
     )
-    .action((opts: { keyring?: boolean }) => {
+    .action(async (opts: { keyring?: boolean }) => {
+      const { KEYRING_FORMAT, newKeyringEntry } = await import("../../lib/secrets/index.js");
       const entry = newKeyringEntry();
       printJson(opts.keyring ? { format: KEYRING_FORMAT, keys: [entry] } : entry);
       note(`kid ${entry.kid}`);

@@ -3,7 +3,6 @@
 import { connect } from "node:net";
 import type { Command } from "commander";
 import { freshTokenAdvice, networkError, type Service } from "../client.js";
-import { natsServers } from "../../lib/nats/index.js";
 import { apiInfo } from "./init.js";
 import { printFields, printJson, relative } from "../output.js";
 import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Sourced } from "../settings.js";
@@ -67,6 +66,8 @@ export function registerStatus(program: Command): void {
       const invocation = s.invocationUrl(opts.invocationUrl);
       const info = await apiInfo(s);
       const issuerOff = info?.adminIssuer?.enabled === false;
+      // lib/nats loads the NATS client: only a stack.json that names NATS needs it
+      const natsServers = s.stack?.nats ? (await import("../../lib/nats/index.js")).natsServers : undefined;
       const checks = await Promise.all([
         httpCheck("api", "the API", s.apiUrl()),
         "disabled" in issuer || issuerOff
@@ -100,7 +101,7 @@ export function registerStatus(program: Command): void {
             ]
           : []),
         // a cluster's URL names every node: one check each
-        ...(s.stack?.nats
+        ...(s.stack?.nats && natsServers
           ? natsServers(s.stack.nats).map((url, i, all) =>
               tcpCheck(all.length > 1 ? `nats-${i + 1}` : "nats", {
                 value: url,
