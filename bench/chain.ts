@@ -13,8 +13,13 @@ import {
   ensureServiceTokens,
 } from "../src/lib/identity/index.js";
 import { ensureKeyringFile } from "../src/lib/secrets/index.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../src/lib/nats/index.js";
-import { ensureNatsKeys, readWorkerSeed } from "../src/lib/nats/index.js";
+import {
+  ensureNatsKeys,
+  natsServerBinary,
+  readWorkerSeed,
+  waitForNats,
+  writeNatsServerConfig,
+} from "../src/lib/nats/index.js";
 import {
   TLS_FILES,
   createCa,

@@ -7,8 +7,13 @@ import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { parseEnvelope, openSecret, sealSecret } from "../src/lib/secrets/index.js";
-import { createFileMekProvider, ensureKeyringFile } from "../src/lib/secrets/index.js";
+import {
+  createFileMekProvider,
+  ensureKeyringFile,
+  openSecret,
+  parseEnvelope,
+  sealSecret,
+} from "../src/lib/secrets/index.js";
 import { openSqliteSecretStorage } from "../src/services/api/secrets/storage.js";
 import { createSecretStore } from "../src/services/api/secrets/store.js";
 import { openSqliteStore } from "../src/services/api/store/sqlite.js";

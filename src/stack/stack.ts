@@ -7,25 +7,28 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ensureAdminKeyPair, ensureServiceTokens } from "../lib/identity/index.js";
 import { writeFileAtomic } from "../lib/fs.js";
-import { ensureCa, ensureServerCert, stackCertificates } from "../lib/tls/index.js";
-import { ensureKeyringFile } from "../lib/secrets/index.js";
-import { secretsRoot } from "../lib/secrets/index.js";
+import { ensureCa, ensureServerCert, stackCertificates, TlsReloader } from "../lib/tls/index.js";
+import { ensureKeyringFile, secretsRoot } from "../lib/secrets/index.js";
 import type { Config } from "../lib/config/index.js";
 import { createLogger, silentLogger } from "../lib/log.js";
 import { createRegistry } from "../lib/metrics.js";
-import { KEY_FILES, ensureNatsKeys, ensureRouteCredentials, natsAccess } from "../lib/nats/index.js";
-import { natsNodes, type NatsNode } from "../lib/nats/index.js";
-import { waitForNatsCluster } from "../lib/nats/index.js";
-import { connectNats, drainOrClose } from "../lib/nats/index.js";
 import {
+  connectNats,
+  drainOrClose,
+  ensureNatsKeys,
+  ensureRouteCredentials,
+  KEY_FILES,
+  natsAccess,
   natsCertNames,
+  type NatsNode,
+  natsNodes,
   natsRouteCertNames,
   natsServerBinary,
   reloadNatsServer,
   waitForNats,
+  waitForNatsCluster,
   writeNatsServerConfig,
 } from "../lib/nats/index.js";
-import { TlsReloader } from "../lib/tls/index.js";
 import type { HostPort } from "../lib/net/index.js";
 import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/process/index.js";
 import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";

@@ -14,9 +14,12 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { createUser } from "@nats-io/nkeys";
 import { connect } from "@nats-io/transport-node";
 import { writeFileAtomic } from "../../src/lib/fs.js";
-import { ensureRouteCredentials } from "../../src/lib/nats/index.js";
-import { natsServerBinary, writeNatsServerConfig } from "../../src/lib/nats/index.js";
-import { subjects } from "../../src/lib/nats/index.js";
+import {
+  ensureRouteCredentials,
+  natsServerBinary,
+  subjects,
+  writeNatsServerConfig,
+} from "../../src/lib/nats/index.js";
 import { waitFor } from "../testkit/client.js";
 import { startApi, tmpDir, type Nats } from "../testkit/index.js";
 import { startNatsCluster } from "../testkit/nats-cluster.js";
@@ -85,9 +88,14 @@ test("every node keeps the trust model: one auth callout answers logins on all t
   const callout = await startCallout(ctx, nats, api, "token");
   const fn = await deployFunction(api, `cluster-${randomUUID().slice(0, 8)}`);
   const other = await deployFunction(api, `cluster-${randomUUID().slice(0, 8)}`);
-  const info = await (
-    await jetstreamManager(await nats.observe())
-  ).streams.info(subjects.stream(REGION, fn.versionId));
+  // a stream of three replicas that was just created can answer "stream not found" for a moment
+  // while its group elects a leader (seen once in about ten runs): ask until it answers, within 10 s
+  const jsm = await jetstreamManager(await nats.observe());
+  const info = await waitFor(
+    "the version's queue",
+    () => jsm.streams.info(subjects.stream(REGION, fn.versionId)),
+    10_000,
+  );
   assert.equal(info.config.num_replicas, 3, "the API created the version's queue with three replicas");
   const ca = nats.pki.ca.certPem;
   const id = await issueIdentity(api, fn, randomUUID());

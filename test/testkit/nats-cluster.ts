@@ -14,15 +14,19 @@ import { connect, nkeyAuthenticator, type NatsConnection } from "@nats-io/transp
 import { writeFileAtomic } from "../../src/lib/fs.js";
 import { silentLogger } from "../../src/lib/log.js";
 import {
+  connectNats,
   ensureNatsKeys,
   ensureRouteCredentials,
+  natsClusterHealth,
+  type NatsClusterHealth,
+  natsServerBinary,
   readWorkerSeed,
   serviceNatsAccess,
+  waitForNats,
+  waitForNatsCluster,
+  writeNatsServerConfig,
 } from "../../src/lib/nats/index.js";
-import { natsClusterHealth, waitForNatsCluster, type NatsClusterHealth } from "../../src/lib/nats/index.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats/index.js";
 import { TLS_FILES } from "../../src/lib/tls/index.js";
-import { connectNats } from "../../src/lib/nats/index.js";
 import type { NatsAuthCalloutOptions } from "../../src/services/nats-auth-callout/service.js";
 import { startTestCallout, type Nats } from "./nats.js";
 import { removeDir } from "./scope.js";

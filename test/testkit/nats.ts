@@ -10,14 +10,16 @@ import { createUser } from "@nats-io/nkeys";
 import { connect, nkeyAuthenticator, type NatsConnection } from "@nats-io/transport-node";
 import {
   ensureNatsKeys,
+  type NatsAccess,
+  natsServerBinary,
+  type NatsServiceRole,
   publicKeyOf,
   readCalloutIssuerSeed,
   readWorkerSeed,
   serviceNatsAccess,
-  type NatsAccess,
-  type NatsServiceRole,
+  waitForNats,
+  writeNatsServerConfig,
 } from "../../src/lib/nats/index.js";
-import { natsServerBinary, waitForNats, writeNatsServerConfig } from "../../src/lib/nats/index.js";
 import {
   createNatsAuthCallout,
   type NatsAuthCalloutOptions,

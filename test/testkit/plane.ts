@@ -12,9 +12,8 @@ import { writeFileAtomic } from "../../src/lib/fs.js";
 import { createLogger, type Logger } from "../../src/lib/log.js";
 import { createRegistry, type Registry } from "../../src/lib/metrics.js";
 import { dashIp } from "../../src/lib/net/index.js";
-import { TLS_FILES } from "../../src/lib/tls/index.js";
+import { TLS_FILES, TlsReloader } from "../../src/lib/tls/index.js";
 import { DEFAULT_QUEUE_LIMITS, type QueueLimits } from "../../src/lib/nats/index.js";
-import { TlsReloader } from "../../src/lib/tls/index.js";
 import { createCallbackProxy, type CallbackProxy } from "../../src/services/callback-proxy/service.js";
 import {
   createInvocationService,

@@ -10,10 +10,9 @@ import type { TestContext } from "node:test";
 import { parseChildMessage } from "../../src/lib/process/index.js";
 import { startNats, type Nats } from "./nats.js";
 import { distRoot } from "./paths.js";
-import { tmpDir } from "./scope.js";
+import { reverseScope, tmpDir } from "./scope.js";
 import { startApi, type ApiFixture } from "./services.js";
 // Scope and reverseScope moved to scope.ts; many tests import them from here
-import { reverseScope } from "./scope.js";
 export { Scope, reverseScope } from "./scope.js";
 import { deployFunction, workerEnv, type DeployedFunction } from "./plane.js";
 

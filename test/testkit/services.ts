@@ -5,11 +5,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import {
+  type AdminTokenSigner,
   createAdminTokenSigner,
   ensureAdminKeyPair,
+  ensureIdentityKey,
   ensureServiceTokens,
+  IdentitySigner,
   readServiceToken,
-  type AdminTokenSigner,
   type ServiceName,
 } from "../../src/lib/identity/index.js";
 import { createFileMekProvider, ensureKeyringFile, type MekProvider } from "../../src/lib/secrets/index.js";
@@ -19,7 +21,6 @@ import {
   type SecretStore,
   type SecretStoreOptions,
 } from "../../src/services/api/secrets/store.js";
-import { IdentitySigner, ensureIdentityKey } from "../../src/lib/identity/index.js";
 import { createAdminIssuer } from "../../src/services/admin-issuer/service.js";
 import { openIdentityStore } from "../../src/services/api/identity-store.js";
 import { createApiService } from "../../src/services/api/service.js";

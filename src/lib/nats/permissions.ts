@@ -16,8 +16,7 @@
 // A service's grant is one row of SERVICE_ROLES: adding a service is adding a row (and passing
 // natsAccess(config, "<row>") to its factory). Each service replies on its own inbox prefix, so no
 // one ever needs `_INBOX.>`.
-import { subjects } from "./subjects.js";
-import { INBOX, REGISTRY_BUCKET, REGISTRY_BUCKETS, pollBucket } from "./subjects.js";
+import { INBOX, pollBucket, REGISTRY_BUCKET, REGISTRY_BUCKETS, subjects } from "./subjects.js";
 
 export const NATS_ACCOUNTS = { app: "APP", auth: "AUTH", sys: "SYS" } as const;
 export type NatsAccount = (typeof NATS_ACCOUNTS)[keyof typeof NATS_ACCOUNTS];

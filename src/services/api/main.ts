@@ -1,8 +1,11 @@
 import { readFileSync } from "node:fs";
 import {
-  SERVICE_SCOPES,
+  ensureIdentityKey,
+  IdentitySigner,
+  readIdentityKey,
   readServiceToken,
   samePublicKey,
+  SERVICE_SCOPES,
   type ServiceName,
 } from "../../lib/identity/index.js";
 import type { Config } from "../../lib/config/index.js";
@@ -16,7 +19,6 @@ import {
   type MekProvider,
 } from "../../lib/secrets/index.js";
 import { parseHostPort } from "../../lib/net/index.js";
-import { IdentitySigner, ensureIdentityKey, readIdentityKey } from "../../lib/identity/index.js";
 import { openIdentityStore, openPostgresIdentityStore } from "./identity-store.js";
 import { runService } from "../../lib/process/index.js";
 import { openSqliteSecretStorage } from "./secrets/storage.js";

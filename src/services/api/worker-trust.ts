@@ -11,9 +11,15 @@
 //   permissions of one function version out (the token is checked by introspect() here).
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "../../lib/log.js";
-import { NATS_ACCOUNTS, type NatsAccess } from "../../lib/nats/index.js";
-import { closeConnections } from "../../lib/nats/index.js";
-import { WorkQueues, connectNats, drainOrClose, type QueueLimits } from "../../lib/nats/index.js";
+import {
+  closeConnections,
+  connectNats,
+  drainOrClose,
+  NATS_ACCOUNTS,
+  type NatsAccess,
+  type QueueLimits,
+  WorkQueues,
+} from "../../lib/nats/index.js";
 import type { IdentitySigner, VerifiedIdentity } from "../../lib/identity/index.js";
 import type { IdentityStore } from "./identity-store.js";
 

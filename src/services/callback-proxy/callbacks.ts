@@ -8,11 +8,14 @@ import type { Socket } from "node:net";
 import type { SecureContext, TLSSocket } from "node:tls";
 import { Agent } from "undici";
 import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
-import { forward, forwardHeaders } from "../../lib/http/index.js";
-import { countHeader } from "../../lib/http/index.js";
-import { answerClientError, writeProblem } from "../../lib/http/index.js";
-import { SOCKET_BUFFER_BYTES } from "../../lib/net/index.js";
-import { podNameLookup } from "../../lib/net/index.js";
+import {
+  answerClientError,
+  countHeader,
+  forward,
+  forwardHeaders,
+  writeProblem,
+} from "../../lib/http/index.js";
+import { podNameLookup, SOCKET_BUFFER_BYTES } from "../../lib/net/index.js";
 import {
   accessLog,
   checkPodIdentity,

@@ -4,10 +4,8 @@
 import { connect as tlsConnect, type TLSSocket } from "node:tls";
 import { CallplaneError } from "../../lib/errors.js";
 import { rawProblem } from "../../lib/http/index.js";
-import { SOCKET_BUFFER_BYTES, cidrContains, undashIp } from "../../lib/net/index.js";
-import { splice } from "../../lib/net/index.js";
+import { cidrContains, podHost, SOCKET_BUFFER_BYTES, splice, undashIp } from "../../lib/net/index.js";
 import { checkPodIdentity, type Outcome, type ProxyContext } from "./context.js";
-import { podHost } from "../../lib/net/index.js";
 
 /** The grpc-proxy pod a server name `<dashed-ip>.<workerDomain>` names, or undefined for other names. */
 export function grpcPod(

@@ -4,9 +4,8 @@
 // whose path is exactly the callback path. The pod's address is parsed out of the name itself; no
 // DNS is ever asked, so there is nothing to rebind.
 import { CallplaneError } from "../../lib/errors.js";
-import { cidrContains, type Cidr } from "../../lib/net/index.js";
+import { type Cidr, cidrContains, podIpOf } from "../../lib/net/index.js";
 import { ATTACH_PATH } from "../../lib/contract.js";
-import { podIpOf } from "../../lib/net/index.js";
 
 export interface TargetRules {
   serviceDomain: string;

@@ -12,8 +12,15 @@ import {
   type ServerHttp2Stream,
 } from "node:http2";
 import { CallplaneError, GRPC_STATUS, toCallplaneError } from "../../lib/errors.js";
-import { GRPC, grpcTimeoutMs, refuseStream, statusOfReset } from "../../lib/grpc/index.js";
-import { forwardStream, nextHopRequestHeaders, type StreamResult } from "../../lib/grpc/index.js";
+import {
+  forwardStream,
+  GRPC,
+  grpcTimeoutMs,
+  nextHopRequestHeaders,
+  refuseStream,
+  statusOfReset,
+  type StreamResult,
+} from "../../lib/grpc/index.js";
 import { isUuid, newRequestId } from "../../lib/ids.js";
 import type { Logger } from "../../lib/log.js";
 import type { AuthCache } from "../../plane/auth-cache.js";

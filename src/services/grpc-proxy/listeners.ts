@@ -17,14 +17,12 @@ import { H2_SESSION_OPTIONS, widenWindow } from "../../lib/grpc/index.js";
 import { Router, createHttpService, type HttpService } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
-import { dashIp, formatHostPort, widenSocketBuffers } from "../../lib/net/index.js";
-import { createTlsFrontend, type TlsFrontend } from "../../lib/tls/index.js";
-import { TlsReloader } from "../../lib/tls/index.js";
+import { dashIp, formatHostPort, ownPodIp, podHost, widenSocketBuffers } from "../../lib/net/index.js";
+import { createTlsFrontend, type TlsFrontend, TlsReloader } from "../../lib/tls/index.js";
 import type { Calls } from "./calls.js";
 import type { GrpcProxyOptions } from "./options.js";
 import type { ProxyState } from "./state.js";
 import { CONNECT_PATH, type Tunnels } from "./tunnels.js";
-import { ownPodIp, podHost } from "../../lib/net/index.js";
 
 interface ListenerContext {
   logger: Logger;

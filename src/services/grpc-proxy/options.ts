@@ -4,8 +4,7 @@
 import type { HostPort } from "../../lib/net/index.js";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
-import type { NatsAccess } from "../../lib/nats/index.js";
-import type { QueueLimits } from "../../lib/nats/index.js";
+import type { NatsAccess, QueueLimits } from "../../lib/nats/index.js";
 import type { AuthCacheSettings } from "../../plane/auth-cache.js";
 
 export interface GrpcProxyOptions {

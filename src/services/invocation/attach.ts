@@ -4,10 +4,19 @@
 // minted by another replica is relayed there (plane/relay.ts).
 import type { IncomingMessage, OutgoingHttpHeaders } from "node:http";
 import { CallplaneError } from "../../lib/errors.js";
-import { H1_CONTENT_TYPE, FramingError, type ParsedHead } from "../../lib/http/index.js";
-import { endToEndPairs, foldPairs } from "../../lib/http/index.js";
-import { bearerToken, sendProblem, type RequestContext } from "../../lib/http/index.js";
-import { PumpLimitError, pump, readFramedHead } from "../../lib/http/index.js";
+import {
+  bearerToken,
+  endToEndPairs,
+  foldPairs,
+  FramingError,
+  H1_CONTENT_TYPE,
+  type ParsedHead,
+  pump,
+  PumpLimitError,
+  readFramedHead,
+  type RequestContext,
+  sendProblem,
+} from "../../lib/http/index.js";
 import { RELAYED_HEADER } from "../../plane/relay.js";
 import { tokenHolder } from "../../plane/tokens.js";
 import { purgePollRecord, writePollRecord } from "./poll.js";

@@ -8,10 +8,15 @@ import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { IncomingMessage } from "node:http";
 import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
 import { CallplaneError } from "../../lib/errors.js";
-import { endToEndPairs, rawPairs } from "../../lib/http/index.js";
-import { bearerToken, sendProblem, type RequestContext } from "../../lib/http/index.js";
+import {
+  bearerToken,
+  endToEndPairs,
+  rawPairs,
+  readPrefix,
+  type RequestContext,
+  sendProblem,
+} from "../../lib/http/index.js";
 import { isUuid, newRequestId } from "../../lib/ids.js";
-import { readPrefix } from "../../lib/http/index.js";
 import type { Grant } from "../../plane/auth-cache.js";
 import type { Pending, ReplicaState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";

@@ -8,8 +8,7 @@
 // share (ReplicaState).
 import { holderHex } from "../../lib/ids.js";
 import type { Registry } from "../../lib/metrics.js";
-import { connectNats } from "../../lib/nats/index.js";
-import { REGISTRY_BUCKETS } from "../../lib/nats/index.js";
+import { connectNats, REGISTRY_BUCKETS } from "../../lib/nats/index.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { Relay } from "../../plane/relay.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";

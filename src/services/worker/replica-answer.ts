@@ -5,10 +5,8 @@
 import { STATUS_CODES } from "node:http";
 import { Readable } from "node:stream";
 import type { Dispatcher } from "undici";
-import { serializeResponseHead } from "../../lib/http/index.js";
-import { endToEndHeaders } from "../../lib/http/index.js";
+import { endToEndHeaders, prepend, serializeResponseHead } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
-import { prepend } from "../../lib/http/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkerError } from "./inference-call.js";

@@ -10,25 +10,22 @@ import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { createLogger } from "../../../src/lib/log.js";
+import { createLogger, silentLogger } from "../../../src/lib/log.js";
 import {
-  IV_BYTES,
   aad,
-  encodeHeader,
-  gcmSeal,
-  nekContext,
-  parseEnvelope,
-} from "../../../src/lib/secrets/index.js";
-import {
-  KEYRING_FORMAT,
-  MekProviderError,
   createEnvMekProvider,
   createFileMekProvider,
+  encodeHeader,
+  gcmSeal,
+  IV_BYTES,
+  KEYRING_FORMAT,
   loadMekPlugin,
-  newKeyringEntry,
   type MekProvider,
+  MekProviderError,
+  nekContext,
+  newKeyringEntry,
+  parseEnvelope,
 } from "../../../src/lib/secrets/index.js";
-import { silentLogger } from "../../../src/lib/log.js";
 import { openSqliteSecretStorage } from "../../../src/services/api/secrets/storage.js";
 import { createSecretStore } from "../../../src/services/api/secrets/store.js";
 import { openSqliteStore } from "../../../src/services/api/store/sqlite.js";

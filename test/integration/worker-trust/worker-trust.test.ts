@@ -2,8 +2,7 @@
 // auth callout: who NATS lets in, what a worker may touch once in, and what happens to an identity
 // when its instance goes. Permission violations are asserted on the errors NATS itself sends.
 import assert from "node:assert/strict";
-import { randomUUID } from "node:crypto";
-import { X509Certificate, generateKeyPairSync } from "node:crypto";
+import { generateKeyPairSync, randomUUID, X509Certificate } from "node:crypto";
 import { connect as netConnect } from "node:net";
 import { connect as tlsConnect } from "node:tls";
 import { test } from "node:test";
@@ -12,9 +11,14 @@ import { createUser } from "@nats-io/nkeys";
 import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { holderHex } from "../../../src/lib/ids.js";
-import { INBOX, REGISTRY_BUCKET, readWorkerSeed } from "../../../src/lib/nats/index.js";
-import { rotateWorkerKeyAndClose } from "../../../src/lib/nats/index.js";
-import { connectNats, subjects } from "../../../src/lib/nats/index.js";
+import {
+  connectNats,
+  INBOX,
+  readWorkerSeed,
+  REGISTRY_BUCKET,
+  rotateWorkerKeyAndClose,
+  subjects,
+} from "../../../src/lib/nats/index.js";
 import { silentLogger } from "../../../src/lib/log.js";
 import { writeFileAtomic } from "../../../src/lib/fs.js";
 import { join } from "node:path";
