@@ -131,21 +131,22 @@ const FAULTS = join("dist", "test", "e2e", "faults.test.js");
 // the end while the other slot sits idle. A run's recorded times (dist/.test-times.json) order the
 // files they cover.
 const SLOW_FIRST = [
-  "integration/cli/cli.test.js",
-  "integration/grpc-proxy/grpc.test.js",
-  "e2e/processes.test.js",
-  "integration/secrets/secrets-cli.test.js",
   "e2e/stack.test.js",
-  "integration/invocation/data-path.test.js",
+  "integration/cli/cli.test.js",
+  "e2e/two-networks.test.js",
   "integration/invocation/invocation.test.js",
+  "e2e/two-networks-grpc.test.js",
+  "e2e/processes.test.js",
+  "integration/grpc-proxy/grpc.test.js",
+  "e2e/nats-cluster-failover.test.js",
+  "integration/secrets/secrets-cli.test.js",
   "integration/compute/compute.test.js",
-  "integration/invocation/invocation-attach.test.js",
-  "unit/render.test.js",
   "integration/invocation/relay.test.js",
+  "integration/invocation/data-path.test.js",
   "integration/secrets/secrets-rotation.test.js",
   "integration/admin-issuer/issuer-withdrawal.test.js",
-  "integration/grpc-proxy/grpc-python.test.js",
-  "integration/store/store-postgres.test.js",
+  "integration/callback-proxy/tls-reload.test.js",
+  "integration/worker-trust/worker-identity.test.js",
 ];
 
 function testFiles(dirs) {
