@@ -18,7 +18,10 @@ export interface GrantVersion {
 export interface Grant {
   functionId: string;
   functionName: string;
+  /** The account that owns the function. */
   ncaId: string;
+  /** The account of the key that called (NVCF's clientNcaId): requests and sessions belong to it. */
+  clientNcaId: string;
   subject: string;
   keyId: string;
   keyExpiresAt: string;

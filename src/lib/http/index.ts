@@ -5,6 +5,7 @@ export * from "./body.js";
 export * from "./forward.js";
 export * from "./h1.js";
 export * from "./headers.js";
+export * from "./hosts.js";
 export * from "./problem.js";
 export * from "./router.js";
 export * from "./server.js";

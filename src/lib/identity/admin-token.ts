@@ -20,7 +20,7 @@ import {
 } from "jose";
 import { CallplaneError } from "../errors.js";
 import { writeFileAtomic } from "../fs.js";
-import { ADMIN_DEFAULT_SCOPES, type Principal } from "./scopes.js";
+import { ADMIN_DEFAULT_SCOPES, PLANE_WIDE, type Principal } from "./scopes.js";
 
 /** The `iss` of tokens from the admin token issuer service (signed with adminIssuerProxy.signingKeyFile). */
 export const ADMIN_ISSUER = "callplane-admin-issuer";
@@ -60,7 +60,16 @@ export interface AdminTokenSigner {
     scopes?: readonly string[];
     ttlSeconds?: number;
     subject?: string;
-  }): Promise<{ token: string; id: string; issuedAt: Date; expiresAt: Date; scopes: string[] }>;
+    /** The account the token is for, or PLANE_WIDE (the default). */
+    account?: string;
+  }): Promise<{
+    token: string;
+    id: string;
+    issuedAt: Date;
+    expiresAt: Date;
+    scopes: string[];
+    account: string;
+  }>;
 }
 
 export async function createAdminTokenSigner(
@@ -76,7 +85,8 @@ export async function createAdminTokenSigner(
       const ttl = opts.ttlSeconds ?? defaultTtlSeconds;
       const expiresAt = new Date(issuedAt.getTime() + ttl * 1000);
       const scopes = [...(opts.scopes ?? ADMIN_DEFAULT_SCOPES)];
-      const token = await new SignJWT({ scopes })
+      const account = opts.account ?? PLANE_WIDE;
+      const token = await new SignJWT({ scopes, account })
         .setProtectedHeader({ alg: ADMIN_ALG, typ: "JWT" })
         .setIssuer(issuer)
         .setAudience(ADMIN_AUDIENCE)
@@ -85,13 +95,16 @@ export async function createAdminTokenSigner(
         .setIssuedAt(issuedAt)
         .setExpirationTime(expiresAt)
         .sign(key);
-      return { token, id, issuedAt, expiresAt, scopes };
+      return { token, id, issuedAt, expiresAt, scopes, account };
     },
   };
 }
 
 export interface AdminTokenVerifier {
-  verify(token: string): Promise<Principal & { kind: "admin" }>;
+  /** The token's principal; `account` is undefined for a token without the claim (the API's default account). */
+  verify(
+    token: string,
+  ): Promise<Omit<Principal & { kind: "admin" }, "account"> & { account: string | undefined }>;
 }
 
 export interface TrustedIssuer {
@@ -125,7 +138,8 @@ export async function createAdminTokenVerifier(
       } catch (err) {
         throw invalid(err);
       }
-      if (typeof iss === "string" && refused[iss] !== undefined)
+      // own properties only: an `iss` of "toString" must not find Object.prototype's
+      if (typeof iss === "string" && Object.hasOwn(refused, iss))
         throw new CallplaneError("TOKEN_ISSUER_DISABLED", refused[iss]);
       const key = typeof iss === "string" ? keys.get(iss) : undefined;
       if (!key) throw invalid();
@@ -139,10 +153,12 @@ export async function createAdminTokenVerifier(
         const scopes = Array.isArray(payload.scopes)
           ? payload.scopes.filter((s): s is string => typeof s === "string")
           : [];
+        const account = typeof payload.account === "string" && payload.account ? payload.account : undefined;
         return {
           kind: "admin",
           subject: payload.sub!,
           tokenId: payload.jti!,
+          account,
           scopes: new Set(scopes),
           expiresAt: new Date(payload.exp! * 1000),
         };

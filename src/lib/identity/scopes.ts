@@ -50,9 +50,31 @@ export const SERVICE_SCOPES = {
 } as const satisfies Record<string, readonly string[]>;
 export type ServiceName = keyof typeof SERVICE_SCOPES;
 
+/** The `account` claim of an admin token for the whole plane (any account, and accounts themselves). */
+export const PLANE_WIDE = "*";
+
+/**
+ * What a caller is. `account` is the NVCF account (`ncaId`) it acts in: an API key's own; an admin
+ * token's claim, `PLANE_WIDE` for a token of the whole plane (which acts in the account a request
+ * names, else the default one).
+ */
 export type Principal =
-  | { kind: "admin"; subject: string; tokenId: string; scopes: ReadonlySet<string>; expiresAt: Date }
-  | { kind: "apikey"; subject: string; keyId: string; scopes: ReadonlySet<string>; expiresAt: Date }
+  | {
+      kind: "admin";
+      subject: string;
+      tokenId: string;
+      account: string;
+      scopes: ReadonlySet<string>;
+      expiresAt: Date;
+    }
+  | {
+      kind: "apikey";
+      subject: string;
+      keyId: string;
+      account: string;
+      scopes: ReadonlySet<string>;
+      expiresAt: Date;
+    }
   | { kind: "service"; subject: ServiceName; scopes: ReadonlySet<string> };
 
 export function requireScope(p: Principal, scope: string): void {

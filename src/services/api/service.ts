@@ -60,6 +60,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     adminPublicKeyPem: opts.adminPublicKeyPem,
     adminIssuerPublicKeyPem: opts.adminIssuerPublicKeyPem,
     serviceTokens: opts.serviceTokens,
+    defaultAccount: opts.ncaId ?? "callplane",
   });
   const trust = new WorkerTrust(opts.workerTrust, logger);
   const deps: ApiDeps = {

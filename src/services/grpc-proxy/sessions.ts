@@ -215,12 +215,12 @@ export class SessionTable {
     this.deps.logger.info({ requestId: s.requestId, functionId: s.functionId, why }, "session ended");
   }
 
-  private workMessage(s: Session, token: string, grant: Pick<Grant, "ncaId" | "subject">): Uint8Array {
+  private workMessage(s: Session, token: string, grant: Pick<Grant, "clientNcaId" | "subject">): Uint8Array {
     return toBinary(
       WorkerInvokeFunctionRequestSchema,
       create(WorkerInvokeFunctionRequestSchema, {
         requestId: s.requestId,
-        ncaId: grant.ncaId,
+        ncaId: grant.clientNcaId,
         subject: grant.subject,
         requestTime: timestampFromMs(Date.now()),
         // the worker checks a reconnect against the function it serves

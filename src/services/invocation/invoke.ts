@@ -151,13 +151,13 @@ export function workMessage(
   path: string,
   headers: StringKV[],
   body: Buffer | undefined,
-  grant: Pick<Grant, "ncaId" | "subject">,
+  grant: Pick<Grant, "clientNcaId" | "subject">,
 ): Uint8Array {
   return toBinary(
     WorkerInvokeFunctionRequestSchema,
     create(WorkerInvokeFunctionRequestSchema, {
       requestId: p.requestId,
-      ncaId: grant.ncaId,
+      ncaId: grant.clientNcaId,
       subject: grant.subject,
       maxDirectResponseSizeBytes: MAX_DIRECT_RESPONSE,
       requestTime: timestampFromMs(p.started),

@@ -27,17 +27,21 @@ export interface ApiAuthOptions {
   adminIssuerPublicKeyPem?: string | undefined;
   /** Token values of callplane's own services, by service. */
   serviceTokens: Partial<Record<ServiceName, string>>;
+  /** The account of keys and tokens that name none (the plane's first account). */
+  defaultAccount: string;
 }
 
 export class ApiAuth {
   /** Whether tokens the admin token issuer signed (`iss` callplane-admin-issuer) are accepted. */
   readonly issuerTokensAccepted: boolean;
   private readonly store: Store;
+  private readonly defaultAccount: string;
   private readonly serviceHashes: Array<{ name: ServiceName; hash: string }>;
   private readonly verifier: Promise<AdminTokenVerifier>;
 
   constructor(opts: ApiAuthOptions) {
     this.store = opts.store;
+    this.defaultAccount = opts.defaultAccount;
     this.serviceHashes = Object.entries(opts.serviceTokens).map(([name, token]) => ({
       name: name as ServiceName,
       hash: sha256Hex(token),
@@ -81,6 +85,7 @@ export class ApiAuth {
       kind: "apikey",
       subject: k.ownerId,
       keyId: k.keyId,
+      account: this.defaultAccount,
       scopes: new Set(k.scopes),
       expiresAt: new Date(k.expiresAt),
     };
@@ -98,7 +103,11 @@ export class ApiAuth {
       const p = await (await this.verifier).verify(token);
       // Internal scopes belong to callplane's own services only; a signed admin token that claims
       // one is still not a service.
-      return { ...p, scopes: new Set([...p.scopes].filter((s) => !s.startsWith("internal:"))) };
+      return {
+        ...p,
+        account: p.account ?? this.defaultAccount,
+        scopes: new Set([...p.scopes].filter((s) => !s.startsWith("internal:"))),
+      };
     }
     return this.apiKeyPrincipal(token);
   }

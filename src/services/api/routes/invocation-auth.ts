@@ -62,6 +62,7 @@ async function authorizeInvocation(deps: ApiDeps, { req, res }: RequestContext):
     functionId: body.functionId,
     functionName: versions[0].name,
     ncaId: deps.ncaId,
+    clientNcaId: deps.ncaId,
     subject: key.subject,
     keyId: key.keyId,
     keyExpiresAt: key.expiresAt.toISOString(),
