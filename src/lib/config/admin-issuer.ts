@@ -15,6 +15,7 @@ export const adminIssuerProxySection = section({
   tokenTtlSeconds: seconds(43_200, 7 * 86_400),
   signingKeyFile: z.string().default(""),
   publicKeyFile: z.string().default(""),
+  operatorCredentialFile: z.string().default(""),
   gateway: section({ enabled: z.boolean().default(true) }),
 });
 

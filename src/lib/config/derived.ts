@@ -20,6 +20,9 @@ export function resolveDerived(c: Config, cwd: string): void {
     : resolve(data, "keys", "admin-signing.pub.pem");
   c.auth.serviceTokenDir = c.auth.serviceTokenDir ? abs(c.auth.serviceTokenDir) : resolve(data, "secrets");
   const ai = c.adminIssuerProxy;
+  ai.operatorCredentialFile = ai.operatorCredentialFile
+    ? abs(ai.operatorCredentialFile)
+    : resolve(data, "keys", "issuer-operator.secret");
   ai.signingKeyFile = ai.signingKeyFile
     ? abs(ai.signingKeyFile)
     : resolve(data, "keys", "admin-issuer.key.pem");

@@ -10,6 +10,12 @@ export const globalSection = section({
     .default("local"),
   serviceDomain: dnsName.default("nvcf.svc.cluster.local"),
   dataDir: z.string().min(1).default(".callplane"),
+  hosts: z
+    .array(
+      z.string().regex(/^(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?$/, "must be a lower-case DNS name, or *.name"),
+    )
+    .max(256)
+    .default([]),
   workerEndpoints: section({
     invocationServiceURL: optionalUrl(["http", "https"]),
     invocationProxyURL: optionalUrl(["http", "https"]),

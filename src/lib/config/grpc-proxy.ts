@@ -17,6 +17,7 @@ export const grpcproxySection = section({
   workerConnectBaseURL: optionalUrl(["http", "https"]),
   sessionIdleSeconds: seconds(30, 3600),
   connectTokenTtlSeconds: seconds(30, 300),
+  maxInFlightPerKey: z.number().int().min(1).max(1_000_000).default(1024),
   tls: section({
     enabled: z.boolean().default(false),
     certFile: z.string().default(""),

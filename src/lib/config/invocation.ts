@@ -35,6 +35,7 @@ export const invocationSection = section({
     negativeTtlSeconds: z.number().positive().max(30).default(5),
     maxEntries: z.number().int().positive().default(10_000),
   }),
+  maxInFlightPerKey: z.number().int().min(1).max(1_000_000).default(1024),
   shutdownGraceSeconds: seconds(30, 3600),
   drainDelaySeconds: z.number().min(0).max(300).default(5),
   relay: section({
