@@ -8,6 +8,7 @@ import { CallplaneError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "../metrics.js";
 import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "../net/index.js";
+import { requireHostServed, type HostNames } from "./hosts.js";
 import type { Router } from "./router.js";
 import { rawProblem, sendJson, sendProblem, writeProblem } from "./problem.js";
 
@@ -31,6 +32,12 @@ export interface HttpServiceOptions {
    * that stream bodies of any size leave it off.
    */
   requestTimeoutMs?: number;
+  /**
+   * The host names this listener serves besides IP literals and localhost (lib/http/hosts.ts); a
+   * request naming another is refused with HOST_NOT_SERVED. Undefined: any Host (listeners only
+   * other services reach, by address).
+   */
+  hosts?: HostNames;
 }
 
 /**
@@ -49,6 +56,13 @@ export function clientErrorAnswer(err: NodeJS.ErrnoException): { status: number;
           ]
         : [400, "BAD_REQUEST", `malformed HTTP request (${err.code ?? err.message})`];
   return { status, raw: rawProblem(new CallplaneError(code, detail)) };
+}
+
+/** How many Host headers a request carries. */
+function hostCount(raw: readonly string[]): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i += 2) if (raw[i].length === 4 && raw[i].toLowerCase() === "host") n++;
+  return n;
 }
 
 /** Answers an `Expect` other than `100-continue` (Node's server would send a bare 417). */
@@ -146,6 +160,24 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
         connection: "close",
       });
       return;
+    }
+    if (hostCount(req.rawHeaders) > 1) {
+      // Node keeps the first and drops the rest; which one a proxy in front used is unknown
+      sendProblem(
+        res,
+        new CallplaneError("BAD_REQUEST", "the request has more than one Host header; send exactly one"),
+        log,
+        { connection: "close" },
+      );
+      return;
+    }
+    if (opts.hosts !== undefined) {
+      try {
+        requireHostServed(req.headers.host, opts.hosts, opts.name);
+      } catch (err) {
+        sendProblem(res, err, log, { connection: "close" });
+        return;
+      }
     }
     const te = req.headers["transfer-encoding"];
     if (te !== undefined && te.trim().toLowerCase() !== "chunked") {
