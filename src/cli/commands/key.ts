@@ -4,7 +4,7 @@ import { InvalidArgumentError, type Command } from "commander";
 // the scopes only: the identity folder loads jose and the key files (a parser runs synchronously)
 import { SCOPES } from "../../lib/identity/scopes.js";
 import { Api } from "../client.js";
-import { note, printFields, printJson, printTable, relative } from "../output.js";
+import { note, printFields, printJson, printTable, relative, say } from "../output.js";
 import { duration } from "../parse.js";
 import { settingsFor } from "../settings.js";
 
@@ -105,7 +105,7 @@ export function registerKey(program: Command): void {
       const s = settingsFor(cmd);
       const k = await new Api(s).call<KeyDto>("DELETE", `/v1/keys/${encodeURIComponent(keyId)}`);
       if (s.json) return printJson(k);
-      console.log(`revoked API key ${k.id}`);
+      say(`revoked API key ${k.id}`);
       printFields(keyFields(k));
     });
 }
