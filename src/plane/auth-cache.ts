@@ -164,7 +164,10 @@ export class AuthCache {
     if (res.statusCode === 200) return body as Grant;
     const problem = body as Partial<Problem> | undefined;
     const code: ErrorCode | undefined =
-      problem?.code && problem.code in ERROR_CODES ? problem.code : undefined;
+      // own properties only: a code of "toString" is no code
+      typeof problem?.code === "string" && Object.hasOwn(ERROR_CODES, problem.code)
+        ? problem.code
+        : undefined;
     if (code && res.statusCode < 500) {
       throw new CallplaneError(
         code,

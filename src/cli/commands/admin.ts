@@ -5,7 +5,7 @@ import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { Api } from "../client.js";
 import { CliError } from "../errors.js";
-import { note, printJson, relative } from "../output.js";
+import { note, printJson, relative, say } from "../output.js";
 import { integer } from "../parse.js";
 import { settingsFor, tildify } from "../settings.js";
 import { reportSaved } from "./init.js";
@@ -109,6 +109,6 @@ The data folder is ./.callplane, or CALLPLANE__GLOBAL__DATA_DIR when set.`,
         `/v1/admin/tokens/${encodeURIComponent(tokenId)}`,
       );
       if (s.json) return printJson(r);
-      console.log(`revoked admin token ${r.id}${r.revoked === "earlier" ? " (it was revoked earlier)" : ""}`);
+      say(`revoked admin token ${r.id}${r.revoked === "earlier" ? " (it was revoked earlier)" : ""}`);
     });
 }

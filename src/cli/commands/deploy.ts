@@ -3,7 +3,7 @@ import type { Command } from "commander";
 import { Api } from "../client.js";
 import { usageError } from "../errors.js";
 import { pickVersion, resolveFunction, type InstanceDto } from "../functions.js";
-import { note, printFields, printJson, printTable } from "../output.js";
+import { note, printFields, printJson, printTable, say } from "../output.js";
 import { integer } from "../parse.js";
 import { settingsFor } from "../settings.js";
 
@@ -142,7 +142,7 @@ export function registerDeploy(program: Command): void {
       const v = pickVersion(fn, opts.version, "deploy delete");
       const res = await api.call<{ deployment: DeploymentDto }>("DELETE", path(v.id, v.versionId));
       if (s.json) return printJson(res);
-      console.log(`undeployed version ${v.versionId} of function ${fn.name}`);
+      say(`undeployed version ${v.versionId} of function ${fn.name}`);
       printFields([
         ["deployment id", res.deployment.deploymentId],
         ["status", res.deployment.functionStatus],

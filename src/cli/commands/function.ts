@@ -4,7 +4,7 @@ import type { Command } from "commander";
 import { Api } from "../client.js";
 import { CliError, usageError } from "../errors.js";
 import { pickVersion, resolveFunction, type FunctionDto } from "../functions.js";
-import { note, printFields, printJson, printTable } from "../output.js";
+import { note, printFields, printJson, printTable, say } from "../output.js";
 import { collect, integer, path } from "../parse.js";
 import { settingsFor } from "../settings.js";
 
@@ -229,7 +229,7 @@ export function registerFunction(program: Command): void {
           });
         }
         deleted.push({ functionId: v.id, versionId: v.versionId });
-        if (!s.json) console.log(`deleted version ${v.versionId} of function ${found.name}`);
+        if (!s.json) say(`deleted version ${v.versionId} of function ${found.name}`);
       }
       if (s.json) printJson({ deleted });
     });
@@ -263,7 +263,7 @@ async function changeSharing(cmd: Command, ref: string, how: "add" | "remove", n
   );
   if (s.json) return printJson(r);
   const parties = r.function.authorizedParties.map((p) => p.ncaId);
-  console.log(
-    `${how === "add" ? "shared" : "stopped sharing"} ${found.name} ${how === "add" ? "with" : "with"} ${ncaId}; shared with: ${parties.join(", ") || "no account"}`,
+  say(
+    `${how === "add" ? "shared" : "stopped sharing"} ${found.name} with ${ncaId}; shared with: ${parties.join(", ") || "no account"}`,
   );
 }

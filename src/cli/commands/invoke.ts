@@ -10,7 +10,7 @@ import type { Command } from "commander";
 import { Api, problemError, send, type Service } from "../client.js";
 import { CliError, usageError } from "../errors.js";
 import { UUID, pickVersion, resolveFunction } from "../functions.js";
-import { elapsed, note, printJson } from "../output.js";
+import { elapsed, note, printJson, say, visible } from "../output.js";
 import { integer } from "../parse.js";
 import { settingsFor, type Sourced } from "../settings.js";
 
@@ -58,7 +58,7 @@ function progressLine() {
   let shown = false;
   return {
     update(reqId: string, percent: string | null, ms: number) {
-      const line = `callplane: request ${reqId} in progress${percent ? `, ${percent}% complete` : ""}, ${elapsed(ms)} elapsed`;
+      const line = `callplane: request ${visible(reqId)} in progress${percent ? `, ${percent}% complete` : ""}, ${elapsed(ms)} elapsed`;
       process.stderr.write(tty ? `\r\x1b[K${line}` : `${line}\n`);
       shown = true;
     },
@@ -261,7 +261,7 @@ Examples:
       if (res.status >= 300 && res.status < 400 && location) {
         await res.body?.cancel();
         if (s.json) return printJson({ status: res.status, requestId: reqId, location });
-        console.log(location);
+        say(location);
         note(
           "callplane: the result is large; download it from the URL above (it expires after about 30 minutes)",
         );

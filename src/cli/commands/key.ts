@@ -5,7 +5,7 @@ import { InvalidArgumentError, type Command } from "commander";
 import { API_KEY_DEFAULT_SCOPES, SCOPES } from "../../lib/identity/scopes.js";
 import { Api } from "../client.js";
 import { resolveFunction } from "../functions.js";
-import { note, printFields, printJson, printTable, relative } from "../output.js";
+import { note, printFields, printJson, printTable, relative, say } from "../output.js";
 import { duration } from "../parse.js";
 import { settingsFor } from "../settings.js";
 
@@ -145,7 +145,7 @@ export function registerKey(program: Command): void {
       const s = settingsFor(cmd);
       const k = await new Api(s).call<KeyDto>("DELETE", `/v1/keys/${encodeURIComponent(keyId)}`);
       if (s.json) return printJson(k);
-      console.log(`revoked API key ${k.id}`);
+      say(`revoked API key ${k.id}`);
       printFields(keyFields(k));
     });
 }

@@ -8,7 +8,7 @@
 import type { Command } from "commander";
 import { writeFileAtomic } from "../../lib/fs.js";
 import { CliError } from "../errors.js";
-import { printFields, printJson, printTable } from "../output.js";
+import { printFields, printJson, printTable, say } from "../output.js";
 import { settingsFor } from "../settings.js";
 import { stackConfig } from "./pki.js";
 
@@ -94,7 +94,7 @@ export function registerNats(program: Command): void {
       }
       if (h.problems.length) {
         console.log("");
-        for (const p of h.problems) console.log(`problem: ${p}`);
+        for (const p of h.problems) say(`problem: ${p}`);
       }
     });
   nats
@@ -127,8 +127,8 @@ export function registerNats(program: Command): void {
         printJson({ ...r, workerAuth: config.nats.workerAuth });
         return;
       }
-      console.log(`new worker key: ${r.newPublicKey}`);
-      console.log(
+      say(`new worker key: ${r.newPublicKey}`);
+      say(
         `closed ${r.closed} NATS connection(s) that logged in as ${r.oldUser}` +
           (r.expected > 1 ? ` (${r.servers.map((x) => `${x.name}: ${x.closed}`).join(", ")})` : ""),
       );

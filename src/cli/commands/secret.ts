@@ -6,7 +6,7 @@ import type { Command } from "commander";
 import { Api } from "../client.js";
 import { CliError, usageError } from "../errors.js";
 import { pickVersion, resolveFunction } from "../functions.js";
-import { note, printJson, printTable } from "../output.js";
+import { note, printJson, printTable, say } from "../output.js";
 import { settingsFor } from "../settings.js";
 
 const NAME = /^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,47}$/;
@@ -162,7 +162,7 @@ compute sync (compute.syncIntervalSeconds), new instances at start.`,
         secrets: [{ name, value }],
       });
       if (s.json) return printJson({ functionId: v.id, versionId: v.versionId, name, set: true });
-      console.log(`set secret ${name} on ${fn.name} (version ${v.versionId})`);
+      say(`set secret ${name} on ${fn.name} (version ${v.versionId})`);
       note("its value is stored encrypted and never shown; `callplane secret list` lists names");
     });
 
@@ -183,9 +183,7 @@ compute sync (compute.syncIntervalSeconds), new instances at start.`,
       );
       if (s.json) return printJson(res);
       if (res.secrets.length === 0) {
-        console.log(
-          `${fn.name} (version ${v.versionId}) has no secrets; set one with \`callplane secret set\``,
-        );
+        say(`${fn.name} (version ${v.versionId}) has no secrets; set one with \`callplane secret set\``);
         return;
       }
       printTable(
@@ -225,6 +223,6 @@ compute sync (compute.syncIntervalSeconds), new instances at start.`,
         throw err;
       }
       if (s.json) return printJson({ functionId: v.id, versionId: v.versionId, name, deleted: true });
-      console.log(`deleted secret ${name} of ${fn.name} (version ${v.versionId})`);
+      say(`deleted secret ${name} of ${fn.name} (version ${v.versionId})`);
     });
 }

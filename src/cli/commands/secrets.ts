@@ -6,7 +6,7 @@ import type { Command } from "commander";
 import { Api } from "../client.js";
 import { CliError } from "../errors.js";
 import { resolveFunction } from "../functions.js";
-import { note, printFields, printJson, printTable } from "../output.js";
+import { note, printFields, printJson, printTable, say } from "../output.js";
 import { integer } from "../parse.js";
 import { settingsFor } from "../settings.js";
 
@@ -196,7 +196,7 @@ already under way is followed, not restarted. Ctrl-C stops following; the rotati
         }
         if (opts.wait) st = await follow(api, opts.interval * 1000, st);
         if (s.json) return printJson(st);
-        if (st.rotation) console.log(describe(st.rotation));
+        if (st.rotation) say(describe(st.rotation));
       },
     );
 
@@ -210,7 +210,7 @@ already under way is followed, not restarted. Ctrl-C stops following; the rotati
       const body = ref ? { functionId: (await resolveFunction(api, ref)).id } : {};
       const r = await api.call<{ rotated: string[] }>("POST", "/v1/admin/secrets/nek/rotate", body);
       if (s.json) return printJson(r);
-      console.log(
+      say(
         r.rotated.length
           ? `new NEK for ${r.rotated.join(", ")}; secrets move over in the background (\`callplane secrets status\` shows NEKs being emptied)`
           : "no function has secrets yet: nothing to rotate",

@@ -93,8 +93,11 @@ export function foldPairs(
   const out: Record<string, string | string[]> = {};
   for (const [name, value] of pairs) {
     const lower = name.toLowerCase();
-    const cur = out[lower];
-    out[lower] = cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [cur, value];
+    // own properties only, defined rather than assigned: a header named toString or __proto__ is a
+    // header, not Object.prototype's function or the object's prototype
+    const cur = Object.hasOwn(out, lower) ? out[lower] : undefined;
+    const next = cur === undefined ? value : Array.isArray(cur) ? [...cur, value] : [cur, value];
+    Object.defineProperty(out, lower, { value: next, enumerable: true, writable: true, configurable: true });
   }
   return out;
 }

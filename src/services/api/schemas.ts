@@ -15,13 +15,48 @@ const NOT_SUPPORTED = [
   "telemetries",
 ] as const;
 
+// C0 controls, DEL, C1 controls and the bidirectional-formatting marks and controls: stored in a
+// name, description or tag they would move a terminal's cursor, recolour it, or show text in
+// another order than it is stored (a "Trojan Source" name). Lone surrogates are no text at all.
+const UNSAFE_CHARACTER =
+  // eslint-disable-next-line no-control-regex -- matching control characters is the point
+  /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** The first character of `text` that display text must not hold, and its position (from 1, in characters). */
+export function unsafeCharacter(text: string): { codePoint: string; position: number } | undefined {
+  if (!UNSAFE_CHARACTER.test(text)) return undefined;
+  let position = 0;
+  for (const ch of text) {
+    position++;
+    if (UNSAFE_CHARACTER.test(ch)) {
+      const codePoint = `U+${ch.codePointAt(0)!.toString(16).toUpperCase().padStart(4, "0")}`;
+      return { codePoint, position };
+    }
+  }
+  return undefined;
+}
+
+/**
+ * A string shown to people (a name, a description, a tag): no control characters at all (so no
+ * newlines or tabs either), no bidirectional formatting, no lone surrogates. Other Unicode, such
+ * as "café 東京 😀", is text like any other. Chain limits on it: `safeText.min(1).max(64)`.
+ */
+export const safeText = z.string().superRefine((text, ctx) => {
+  const bad = unsafeCharacter(text);
+  if (bad)
+    ctx.addIssue({
+      code: "custom",
+      message: `must not contain control or bidirectional-formatting characters (${bad.codePoint} at position ${bad.position})`,
+    });
+});
+
 const isoDuration = z
   .string()
   .regex(/^PT(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?$/, "must be an ISO-8601 duration such as PT10S");
 
 export const healthSchema = z.strictObject({
   protocol: z.enum(["HTTP", "gRPC"]).default("HTTP"),
-  uri: z.string().startsWith("/", "must be a path beginning with /").max(1024).default("/v2/health/ready"),
+  uri: safeText.startsWith("/", "must be a path beginning with /").max(1024).default("/v2/health/ready"),
   port: z.number().int().min(1).max(65535).optional(),
   timeout: isoDuration.default("PT10S"),
   expectedStatusCode: z.number().int().min(100).max(599).default(200),
@@ -37,18 +72,17 @@ const containerEnvironment = z
   .max(256);
 
 const functionFields = {
-  inferenceUrl: z
-    .string()
+  inferenceUrl: safeText
     .startsWith("/", "must be the path on the inference server, beginning with / (for example /echo)")
     .max(2048),
   inferencePort: z.number().int().min(1).max(65535).default(8000),
   health: healthSchema.optional(),
-  healthUri: z.string().startsWith("/", "must be a path beginning with /").optional(),
-  containerImage: z.string().min(1).max(512),
+  healthUri: safeText.startsWith("/", "must be a path beginning with /").optional(),
+  containerImage: safeText.min(1).max(512),
   containerArgs: z.string().max(8192).optional(),
   containerEnvironment: containerEnvironment.default([]),
-  tags: z.array(z.string().min(1).max(128)).max(64).default([]),
-  description: z.string().max(1024).optional(),
+  tags: z.array(safeText.min(1).max(128)).max(64).default([]),
+  description: safeText.max(1024).optional(),
   functionType: z.enum(["DEFAULT", "STREAMING", "LLM"]).default("DEFAULT"),
   apiBodyFormat: z.enum(["CUSTOM", "PREDICT_V2"]).default("CUSTOM"),
 };
@@ -112,23 +146,23 @@ export const updateFunctionSchema = z.strictObject({
   containerArgs: functionFields.containerArgs,
   // not functionFields.containerEnvironment: its default would replace the stored list on every PUT
   containerEnvironment: containerEnvironment.optional(),
-  tags: z.array(z.string().min(1).max(128)).max(64).optional(),
+  tags: z.array(safeText.min(1).max(128)).max(64).optional(),
   description: functionFields.description,
 });
 
 const deploymentSpecSchema = z
   .strictObject({
-    gpuSpecificationId: z.string().max(128).optional(),
-    gpu: z.string().min(1).max(128),
-    backend: z.string().max(128).optional(),
-    instanceType: z.string().min(1).max(128),
+    gpuSpecificationId: safeText.max(128).optional(),
+    gpu: safeText.min(1).max(128),
+    backend: safeText.max(128).optional(),
+    instanceType: safeText.min(1).max(128),
     minInstances: z.number().int().min(0).max(1000),
     maxInstances: z.number().int().min(1).max(1000),
     maxRequestConcurrency: z.number().int().min(1).max(1024).default(1),
-    availabilityZones: z.array(z.string()).optional(),
-    regions: z.array(z.string()).optional(),
-    clusters: z.array(z.string()).optional(),
-    attributes: z.array(z.string()).optional(),
+    availabilityZones: z.array(safeText).optional(),
+    regions: z.array(safeText).optional(),
+    clusters: z.array(safeText).optional(),
+    attributes: z.array(safeText).optional(),
     configuration: z.unknown().optional(),
   })
   .superRefine((s, ctx) => {
@@ -149,7 +183,7 @@ export const deploymentSchema = z.strictObject({
 });
 
 export const createKeySchema = z.strictObject({
-  description: z.string().max(1024).default(""),
+  description: safeText.max(1024).default(""),
   expires_at: z.iso
     .datetime({ offset: true, message: "must be an RFC 3339 time such as 2027-01-01T00:00:00Z" })
     .optional(),
@@ -184,7 +218,7 @@ export const updateSecretsSchema = z.strictObject({
   secrets: secretList.refine((l) => l.length > 0, "must hold at least one secret"),
 });
 
-export const rotateMekSchema = z.strictObject({ keyId: z.string().min(1).max(255).optional() });
+export const rotateMekSchema = z.strictObject({ keyId: safeText.min(1).max(255).optional() });
 export const rotateNekSchema = z.strictObject({
   functionId: z
     .string()

@@ -47,7 +47,9 @@ export async function authorize(ctx: AuthorizeContext, req: AuthorizationRequest
       cause: "the token is not base64url JSON {account, pluginName, payload}",
       client,
     });
-  const plugin = ctx.plugins[env.account]?.[env.pluginName];
+  // own properties only: an account of "__proto__" or a plugin named "toString" is not one
+  const plugins = Object.hasOwn(ctx.plugins, env.account) ? ctx.plugins[env.account] : undefined;
+  const plugin = plugins && Object.hasOwn(plugins, env.pluginName) ? plugins[env.pluginName] : undefined;
   if (!plugin)
     throw new Refusal(
       "denied",
