@@ -150,14 +150,18 @@ function tokenHint(err: CliError, token: TokenInfo, api: string): string | undef
 export class Api {
   readonly service: Service;
   private readonly token: TokenInfo;
+  private readonly account: string | undefined;
 
   constructor(settings: Settings) {
     this.service = { label: "the API", code: "API", url: settings.apiUrl() };
     this.token = settings.requireToken();
+    this.account = settings.account();
   }
 
   async call<T>(method: string, path: string, body?: unknown): Promise<T> {
     const headers: Record<string, string> = { authorization: `Bearer ${this.token.value}` };
+    // the header the API reads (ACCOUNT_HEADER in src/services/api/routes/access.ts)
+    if (this.account !== undefined) headers["callplane-account"] = this.account;
     if (body !== undefined) headers["content-type"] = "application/json";
     const res = await send(this.service, path, {
       method,

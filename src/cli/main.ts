@@ -8,6 +8,7 @@ import { registerDeploy } from "./commands/deploy.js";
 import { registerFunction } from "./commands/function.js";
 import { registerInit } from "./commands/init.js";
 import { registerInvoke } from "./commands/invoke.js";
+import { registerAccount } from "./commands/account.js";
 import { registerKey } from "./commands/key.js";
 import { registerNats } from "./commands/nats.js";
 import { registerPki } from "./commands/pki.js";
@@ -86,6 +87,10 @@ export function buildProgram(): Command {
       `admin token issuer URL (default: CALLPLANE_ISSUER_URL, the CLI config, stack.json, else ${DEFAULT_ISSUER_URL})`,
     )
     .option(
+      "--account <id>",
+      "act for this account (an ncaId; a plane-wide admin token may act for any; default: CALLPLANE_ACCOUNT, else the token's own or the default account)",
+    )
+    .option(
       "--config <file>",
       "CLI config file (YAML; default: CALLPLANE_CLI_CONFIG, else ~/.config/callplane/config.yaml)",
     )
@@ -96,6 +101,7 @@ export function buildProgram(): Command {
   registerFunction(program);
   registerDeploy(program);
   registerKey(program);
+  registerAccount(program);
   registerInvoke(program);
   registerSecret(program);
   registerSecrets(program);

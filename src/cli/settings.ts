@@ -19,6 +19,7 @@ export type GlobalOptions = {
   api?: string;
   issuer?: string;
   config?: string;
+  account?: string;
 };
 
 export const DEFAULT_API_URL = "http://127.0.0.1:8080";
@@ -242,6 +243,11 @@ export class Settings {
 
   private fromStack(key: string): string {
     return `${key} in ${tildify(this.stackFile)}`;
+  }
+
+  /** The account to act for (--account, else CALLPLANE_ACCOUNT), sent to the API; undefined: the token's own. */
+  account(): string | undefined {
+    return this.globals.account ?? (env("CALLPLANE_ACCOUNT") || undefined);
   }
 
   apiUrl(): Sourced {

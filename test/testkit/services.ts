@@ -41,7 +41,8 @@ export interface ApiFixture {
   signer: AdminTokenSigner;
   keysDir: string;
   serviceTokenDir: string;
-  adminToken(opts?: { scopes?: readonly string[]; ttlSeconds?: number }): Promise<string>;
+  /** An admin token signed with the stack's admin key: plane-wide unless `account` names one. */
+  adminToken(opts?: { scopes?: readonly string[]; ttlSeconds?: number; account?: string }): Promise<string>;
   /** Signs worker identity tokens as the API does (tests forge and check them with it). */
   identitySigner: IdentitySigner;
   identityKeyFile: string;

@@ -233,4 +233,37 @@ export function registerFunction(program: Command): void {
       }
       if (s.json) printJson({ deleted });
     });
+
+  fn.command("share")
+    .description("let another account list and invoke a function (NVCF's function authorizations)")
+    .argument("<function>", "function id or name")
+    .argument("<account>", "the id of the account to share it with")
+    .action((ref: string, account: string, _opts: unknown, cmd: Command) =>
+      changeSharing(cmd, ref, "add", account),
+    );
+
+  fn.command("unshare")
+    .description("stop sharing a function with an account")
+    .argument("<function>", "function id or name")
+    .argument("<account>", "the id of the account it is shared with")
+    .action((ref: string, account: string, _opts: unknown, cmd: Command) =>
+      changeSharing(cmd, ref, "remove", account),
+    );
+}
+
+/** PATCH .../add or .../remove, then the accounts the function is shared with. */
+async function changeSharing(cmd: Command, ref: string, how: "add" | "remove", ncaId: string): Promise<void> {
+  const s = settingsFor(cmd);
+  const api = new Api(s);
+  const found = await resolveFunction(api, ref);
+  const r = await api.call<{ function: { id: string; authorizedParties: Array<{ ncaId: string }> } }>(
+    "PATCH",
+    `/v2/nvcf/authorizations/functions/${found.id}/${how}`,
+    { authorizedParty: { ncaId } },
+  );
+  if (s.json) return printJson(r);
+  const parties = r.function.authorizedParties.map((p) => p.ncaId);
+  say(
+    `${how === "add" ? "shared" : "stopped sharing"} ${found.name} with ${ncaId}; shared with: ${parties.join(", ") || "no account"}`,
+  );
 }

@@ -2,8 +2,9 @@
 // keys needs an admin token; the key value is shown once, when it is created.
 import { InvalidArgumentError, type Command } from "commander";
 // the scopes only: the identity folder loads jose and the key files (a parser runs synchronously)
-import { SCOPES } from "../../lib/identity/scopes.js";
+import { API_KEY_DEFAULT_SCOPES, SCOPES } from "../../lib/identity/scopes.js";
 import { Api } from "../client.js";
+import { resolveFunction } from "../functions.js";
 import { note, printFields, printJson, printTable, relative, say } from "../output.js";
 import { duration } from "../parse.js";
 import { settingsFor } from "../settings.js";
@@ -15,8 +16,16 @@ interface KeyDto {
   created_at: string;
   expires_at: string;
   revoked_at?: string;
-  authorizations?: { policies: Array<{ scopes: string[] }> };
+  ncaId?: string;
+  authorizations?: { policies: Array<{ scopes: string[]; resources?: Array<{ id: string; type: string }> }> };
   value?: string;
+}
+
+interface KeyCreateOptions {
+  description?: string;
+  scopes?: string[];
+  expiresIn?: number;
+  function?: string[];
 }
 
 function scopeList(value: string): string[] {
@@ -34,6 +43,14 @@ function scopeList(value: string): string[] {
   return [...new Set(scopes)];
 }
 
+/** "every function" or the function ids its policies name. */
+function reachOf(k: KeyDto): string {
+  const ids = (k.authorizations?.policies ?? []).flatMap((p) => p.resources ?? []);
+  return ids.some((r) => r.id === "*")
+    ? "every function of the account (and shared with it)"
+    : ids.map((r) => r.id).join(", ");
+}
+
 const scopesOf = (k: KeyDto) => [...new Set(k.authorizations?.policies.flatMap((p) => p.scopes) ?? [])];
 
 function keyFields(k: KeyDto): Array<[string, string | undefined]> {
@@ -41,7 +58,9 @@ function keyFields(k: KeyDto): Array<[string, string | undefined]> {
     ["key id", k.id],
     ["status", k.status],
     ["description", k.description || undefined],
+    ["account", k.ncaId],
     ["scopes", scopesOf(k).join(", ")],
+    ["reaches", reachOf(k)],
     ["created", k.created_at],
     ["expires", `${k.expires_at} (${relative(new Date(k.expires_at))})`],
     ["revoked", k.revoked_at],
@@ -63,16 +82,37 @@ export function registerKey(program: Command): void {
       scopeList,
     )
     .option("--expires-in <duration>", "lifetime such as 24h, 30d or 3600s (default 30d)", duration)
-    .action(async (opts: { description?: string; scopes?: string[]; expiresIn?: number }, cmd: Command) => {
+    .option(
+      "--function <name-or-id>",
+      "reach only this function of the account (repeat for more); default: every function of the account and shared with it",
+      (v: string, prev: string[] = []) => [...prev, v],
+    )
+    .action(async (opts: KeyCreateOptions, cmd: Command) => {
       const s = settingsFor(cmd);
+      const api = new Api(s);
+      const only = opts.function
+        ? await Promise.all(opts.function.map(async (ref) => (await resolveFunction(api, ref)).id))
+        : undefined;
+      const scopes = opts.scopes ?? (only ? [...API_KEY_DEFAULT_SCOPES] : undefined);
       const body = {
         ...(opts.description !== undefined ? { description: opts.description } : {}),
         ...(opts.expiresIn !== undefined
           ? { expires_at: new Date(Date.now() + opts.expiresIn * 1000).toISOString() }
           : {}),
-        ...(opts.scopes ? { authorizations: { policies: [{ scopes: opts.scopes }] } } : {}),
+        ...(scopes
+          ? {
+              authorizations: {
+                policies: [
+                  {
+                    scopes,
+                    ...(only ? { resources: only.map((id) => ({ id, type: "account-functions" })) } : {}),
+                  },
+                ],
+              },
+            }
+          : {}),
       };
-      const k = await new Api(s).call<KeyDto>("POST", "/v1/keys", body);
+      const k = await api.call<KeyDto>("POST", "/v1/keys", body);
       if (s.json) printJson(k);
       else printFields([...keyFields(k), ["value", k.value]]);
       note(

@@ -23,7 +23,10 @@ export const apiSection = section({
   }),
 });
 
-export const apikeysSection = section({ podAnnotations: podAnnotations() });
+export const apikeysSection = section({
+  podAnnotations: podAnnotations(),
+  maxLifetimeDays: z.number().int().min(1).max(3650).default(365),
+});
 export const essSection = section({ podAnnotations: podAnnotations() });
 
 export type ApiConfig = z.output<typeof apiSection>;

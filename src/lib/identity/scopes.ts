@@ -33,6 +33,7 @@ export const ADMIN_DEFAULT_SCOPES: readonly Scope[] = [
   "cluster-management",
   "invoke_function",
   "queue_details",
+  "authorize_clients",
 ];
 
 export const API_KEY_DEFAULT_SCOPES: readonly Scope[] = [

@@ -191,15 +191,27 @@ export const createKeySchema = z.strictObject({
     .strictObject({
       policies: z
         .array(
-          z.looseObject({
+          z.strictObject({
             scopes: z.array(z.enum(SCOPES, { message: `must be one of: ${SCOPES.join(", ")}` })).min(1),
+            // the type is checked by the API itself, which answers POLICY_NOT_ENFORCEABLE
+            resources: z
+              .array(z.strictObject({ id: z.string().max(64), type: z.string().max(64) }))
+              .min(1)
+              .max(256)
+              .optional(),
+            // descriptive fields of NVCF's policies: callplane is the only audience and product
+            product: z.literal("nv-cloud-functions").optional(),
+            aud: z.literal("callplane-api").optional(),
+            auds: z.array(z.literal("callplane-api")).optional(),
           }),
         )
-        .min(1),
+        .min(1)
+        .max(64),
     })
     .optional(),
-  audience_service_ids: z.array(safeText).optional(),
+  audience_service_ids: z.array(z.literal("callplane-api")).optional(),
 });
+export type CreateKeyBody = z.infer<typeof createKeySchema>;
 
 // ---- secrets (contract §5.3) and the admin endpoints that rotate their keys
 export const updateSecretsSchema = z.strictObject({

@@ -14,6 +14,9 @@ import { addFunctionRoutes } from "./routes/functions.js";
 import { addInfoRoutes } from "./routes/info.js";
 import { addInstanceRoutes } from "./routes/instances.js";
 import { addInvocationAuthRoutes } from "./routes/invocation-auth.js";
+import { addAccountRoutes } from "./routes/accounts.js";
+import { addAdminTokenRoutes } from "./routes/admin-tokens.js";
+import { addAuthorizationRoutes } from "./routes/authorizations.js";
 import { addKeyRoutes } from "./routes/keys.js";
 import { addSecretRoutes } from "./routes/secrets.js";
 import { addWorkerTrustRoutes } from "./routes/worker-trust.js";
@@ -40,7 +43,10 @@ export interface ApiServiceOptions {
   maxBodyBytes?: number;
   /** Work queues, worker NATS credentials, worker identity, the NATS auth webhook. */
   workerTrust: WorkerTrustOptions;
+  /** The default account's id (an NVCF ncaId): the stack's demo and every key made before accounts are in it. */
   ncaId?: string;
+  /** The longest life a new API key may have, in days (apikeys.maxLifetimeDays; 365). */
+  maxKeyLifetimeDays?: number;
   logger?: Logger;
   registry?: Registry;
 }
@@ -71,6 +77,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     logger,
     maxBodyBytes: opts.maxBodyBytes ?? 1024 * 1024,
     ncaId: opts.ncaId ?? "callplane",
+    maxKeyLifetimeDays: opts.maxKeyLifetimeDays ?? 365,
     adminIssuer: opts.adminIssuer,
   };
 
@@ -82,6 +89,10 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   addDeploymentRoutes(router, deps);
   // ---- API keys (contract §5.4)
   addKeyRoutes(router, deps);
+  // ---- accounts, functions shared between them, admin tokens revoked by id
+  addAccountRoutes(router, deps);
+  addAuthorizationRoutes(router, deps);
+  addAdminTokenRoutes(router, deps);
   // ---- internal: callplane's own services
   addInvocationAuthRoutes(router, deps);
   addInstanceRoutes(router, deps);
@@ -103,6 +114,12 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     http,
     async listen() {
       await auth.ready();
+      // the default account exists, and owns every key made before there were accounts
+      await opts.store.adoptIntoAccount({
+        ncaId: deps.ncaId,
+        name: "default",
+        createdAt: new Date().toISOString(),
+      });
       await trust.start();
       return http.listen();
     },

@@ -759,9 +759,9 @@ describe("API keys", () => {
     });
     assert.deepEqual(narrow.authorizations.policies[0].scopes, ["list_functions"]);
 
-    // authorize_clients is a known scope that the default admin token does not hold
+    // authorize_clients is a known scope that this admin token does not hold
     const wider = await call(`${api.url}/v1/keys`, {
-      token: admin,
+      token: await api.adminToken({ scopes: ["list_functions", "invoke_function"] }),
       body: { authorizations: { policies: [{ scopes: ["invoke_function", "authorize_clients"] }] } },
     });
     const p = assertProblem(wider, 403, "FORBIDDEN_SCOPE");
@@ -833,7 +833,11 @@ describe("API keys", () => {
       hash: sha256Hex(value),
       description: "old",
       ownerId: "test",
+      ncaId: "callplane",
       scopes: [...API_KEY_DEFAULT_SCOPES],
+      policies: [
+        { scopes: [...API_KEY_DEFAULT_SCOPES], resources: [{ id: "*", type: "account-functions" }] },
+      ],
       createdAt: new Date(Date.now() - 2 * 86_400_000).toISOString(),
       expiresAt: new Date(Date.now() - 86_400_000).toISOString(),
     });
@@ -950,6 +954,7 @@ describe("internal invocation auth", () => {
       functionId: f.id,
       functionName: "echo",
       ncaId: "callplane",
+      clientNcaId: "callplane",
       subject: "user@example.com",
       keyId: key.id,
       keyExpiresAt: key.expires_at,

@@ -493,7 +493,7 @@ test("key create shows the value once; key list and key revoke", async (t) => {
   assert.equal(unknown.code, 1);
   assert.match(
     unknown.stderr,
-    /^callplane: API key not found: no API key with id 00000000-0000-4000-8000-000000000000 \(KEY_NOT_FOUND\)$/m,
+    /^callplane: API key not found: no API key with id 00000000-0000-4000-8000-000000000000 in account \S+ \(KEY_NOT_FOUND\)$/m,
   );
 });
 

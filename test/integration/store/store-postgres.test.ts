@@ -11,6 +11,7 @@ import { request } from "undici";
 import { ensureKeyringFile } from "../../../src/lib/secrets/index.js";
 import { openPostgresStore } from "../../../src/services/api/store/postgres.js";
 import { openSqliteStore } from "../../../src/services/api/store/sqlite.js";
+import type { ApiKeyRecord } from "../../../src/services/api/store/types.js";
 import {
   NameTakenError,
   type FunctionVersionRecord,
@@ -183,12 +184,14 @@ for (const [kind, open] of stores) {
 
   test(`store (${kind}): API keys`, async (t) => {
     const s = await open(t);
-    const k = {
+    const k: ApiKeyRecord = {
       keyId: randomUUID(),
       hash: randomUUID(),
       description: "k",
       ownerId: "me",
+      ncaId: "callplane",
       scopes: ["invoke_function"],
+      policies: [{ scopes: ["invoke_function"], resources: [{ id: "*", type: "account-functions" }] }],
       expiresAt: new Date(Date.now() + 3600_000).toISOString(),
       createdAt: new Date().toISOString(),
     };

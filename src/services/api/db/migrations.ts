@@ -159,4 +159,33 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    version: 4,
+    part: "store",
+    name: "accounts, each key's account and policies, function authorizations, revoked admin tokens",
+    // keys made before accounts have nca_id '' until the API's first start gives them its default
+    // account (Store.adoptIntoAccount)
+    sql: (t) => `
+      CREATE TABLE accounts (
+        nca_id     TEXT PRIMARY KEY,
+        name       TEXT NOT NULL UNIQUE,
+        created_at ${t.isoTime} NOT NULL
+      );
+      ALTER TABLE api_keys ADD COLUMN nca_id TEXT NOT NULL DEFAULT '';
+      ALTER TABLE api_keys ADD COLUMN policies TEXT;
+      CREATE INDEX api_keys_by_account ON api_keys(nca_id);
+      CREATE INDEX functions_by_account ON functions(nca_id);
+      CREATE TABLE function_authorizations (
+        function_id TEXT NOT NULL,
+        nca_id      TEXT NOT NULL,
+        created_at  ${t.isoTime} NOT NULL,
+        PRIMARY KEY (function_id, nca_id)
+      );
+      CREATE INDEX function_authorizations_by_account ON function_authorizations(nca_id);
+      CREATE TABLE revoked_admin_tokens (
+        token_id   TEXT PRIMARY KEY,
+        revoked_at ${t.isoTime} NOT NULL
+      );
+    `,
+  },
 ];

@@ -4,6 +4,7 @@
 import type { IncomingMessage } from "node:http";
 import {
   ADMIN_ISSUER,
+  PLANE_WIDE,
   SERVICE_SCOPES,
   STACK_ADMIN_ISSUER,
   constantTimeEqualHex,
@@ -17,7 +18,11 @@ import {
 } from "../../../lib/identity/index.js";
 import { CallplaneError } from "../../../lib/errors.js";
 import { bearerToken } from "../../../lib/http/index.js";
-import type { Store } from "../store/types.js";
+import type { KeyPolicy, Store } from "../store/types.js";
+import { ACCOUNT_HEADER, Reach } from "./access.js";
+
+/** An API key's principal, with its policies. */
+export type KeyPrincipal = Principal & { kind: "apikey"; policies: readonly KeyPolicy[] };
 
 export interface ApiAuthOptions {
   store: Store;
@@ -70,7 +75,7 @@ export class ApiAuth {
     await this.verifier;
   }
 
-  async apiKeyPrincipal(token: string): Promise<Principal & { kind: "apikey" }> {
+  async apiKeyPrincipal(token: string): Promise<KeyPrincipal> {
     const k = await this.store.getApiKeyByHash(sha256Hex(token));
     if (!k)
       throw new CallplaneError(
@@ -85,13 +90,14 @@ export class ApiAuth {
       kind: "apikey",
       subject: k.ownerId,
       keyId: k.keyId,
-      account: this.defaultAccount,
+      account: k.ncaId || this.defaultAccount,
       scopes: new Set(k.scopes),
       expiresAt: new Date(k.expiresAt),
+      policies: k.policies,
     };
   }
 
-  async authenticate(req: IncomingMessage): Promise<Principal> {
+  async authenticate(req: IncomingMessage): Promise<Principal | KeyPrincipal> {
     const token = bearerToken(req);
     if (token.startsWith("cps-")) {
       const h = sha256Hex(token);
@@ -101,6 +107,12 @@ export class ApiAuth {
     }
     if (looksLikeJwt(token)) {
       const p = await (await this.verifier).verify(token);
+      const revokedAt = await this.store.adminTokenRevokedAt(p.tokenId);
+      if (revokedAt !== undefined)
+        throw new CallplaneError(
+          "TOKEN_REVOKED",
+          `the admin token ${p.tokenId} was revoked at ${revokedAt}; get a new one with \`callplane init\``,
+        );
       // Internal scopes belong to callplane's own services only; a signed admin token that claims
       // one is still not a service.
       return {
@@ -112,9 +124,67 @@ export class ApiAuth {
     return this.apiKeyPrincipal(token);
   }
 
-  async authorize(req: IncomingMessage, scope: string): Promise<Principal> {
+  async authorize(req: IncomingMessage, scope: string): Promise<Principal | KeyPrincipal> {
     const p = await this.authenticate(req);
     requireScope(p, scope);
+    return p;
+  }
+
+  /** Authenticates, checks the scope, and finds the account the request acts in: what it reaches. */
+  async caller(req: IncomingMessage, scope: string): Promise<Reach> {
+    const p = await this.authorize(req, scope);
+    return this.reachOf(p, await this.actingAccount(p, req));
+  }
+
+  /** What a principal reaches when it acts in `account`. */
+  reachOf(p: Principal | KeyPrincipal, account: string): Reach {
+    return new Reach(this.store, {
+      principal: p,
+      account,
+      policies: "policies" in p ? p.policies : undefined,
+    });
+  }
+
+  /**
+   * The account a request acts in: a key's or an account admin token's own (naming another is
+   * refused); for a plane-wide admin token or a service, the account the request names
+   * (ACCOUNT_HEADER), else the default one.
+   */
+  async actingAccount(p: Principal, req: IncomingMessage): Promise<string> {
+    const raw = req.headers[ACCOUNT_HEADER];
+    if (Array.isArray(raw) || (typeof raw === "string" && raw.includes(",")))
+      throw new CallplaneError("BAD_REQUEST", `send one ${ACCOUNT_HEADER} header, naming one account`);
+    const named = raw?.trim() || undefined;
+    if (p.kind === "service" || p.account === PLANE_WIDE) {
+      if (named === undefined) return this.defaultAccount;
+      if (!(await this.store.getAccount(named)))
+        throw new CallplaneError(
+          "ACCOUNT_NOT_FOUND",
+          `no account with id ${JSON.stringify(named.slice(0, 64))}; list accounts with \`callplane account list\``,
+        );
+      return named;
+    }
+    if (named !== undefined && named !== p.account)
+      throw new CallplaneError(
+        "ACCOUNT_FORBIDDEN",
+        `this ${p.kind === "apikey" ? "API key" : "admin token"} belongs to account ${p.account} and cannot act for another (${ACCOUNT_HEADER}: ${named.slice(0, 64)}); use a key or token of that account, or a plane-wide admin token`,
+      );
+    return p.account;
+  }
+
+  /** The default account's id: keys and tokens that name no account act in it. */
+  get defaultAccountId(): string {
+    return this.defaultAccount;
+  }
+
+  /** An admin token of the whole plane (PLANE_WIDE), for what concerns every account. */
+  async requirePlaneAdmin(req: IncomingMessage, what: string): Promise<Principal & { kind: "admin" }> {
+    const p = await this.requireAdmin(req, what);
+    if (p.account !== PLANE_WIDE)
+      throw new CallplaneError(
+        "ACCOUNT_FORBIDDEN",
+        `${what} needs a plane-wide admin token; this one is for account ${p.account}`,
+      );
     return p;
   }
 

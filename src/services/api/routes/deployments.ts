@@ -8,7 +8,8 @@ import { deploymentSchema, parseBody } from "../schemas.js";
 import type { DeploymentRecord } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
 import { deploymentDto } from "./dto.js";
-import { checkUuid, loadVersion } from "./load.js";
+import type { Reach } from "./access.js";
+import { checkUuid } from "./load.js";
 
 const BY_VERSION = "/v2/nvcf/deployments/functions/:fid/versions/:vid";
 
@@ -22,8 +23,14 @@ export function addDeploymentRoutes(router: Router, deps: ApiDeps): void {
   router.add("GET", "/v1/internal/deployments", (ctx) => listDesiredDeployments(deps, ctx));
 }
 
-async function loadDeployment(deps: ApiDeps, fid: string, vid: string): Promise<DeploymentRecord> {
-  await loadVersion(deps, fid, vid);
+/** The deployment of a version the caller reaches (to deploy it), or DEPLOYMENT_NOT_FOUND. */
+async function loadDeployment(
+  deps: ApiDeps,
+  reach: Reach,
+  fid: string,
+  vid: string,
+): Promise<DeploymentRecord> {
+  await reach.version("deploy_function", fid, vid);
   const d = await deps.store.getDeployment(fid, vid);
   if (!d)
     throw new CallplaneError(
@@ -34,8 +41,8 @@ async function loadDeployment(deps: ApiDeps, fid: string, vid: string): Promise<
 }
 
 async function createDeployment(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "deploy_function");
-  const v = await loadVersion(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "deploy_function");
+  const v = await reach.version("deploy_function", params.fid, params.vid);
   const body = parseBody(deploymentSchema, await readJsonBody(deps, req));
   const now = new Date().toISOString();
   const d: DeploymentRecord = {
@@ -62,23 +69,25 @@ async function createDeployment(deps: ApiDeps, { req, res, params }: RequestCont
 }
 
 async function getDeployment(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "deploy_function");
+  const reach = await deps.auth.caller(req, "deploy_function");
   sendJson(res, 200, {
-    deployment: await deploymentDto(deps, await loadDeployment(deps, params.fid, params.vid)),
+    deployment: await deploymentDto(deps, await loadDeployment(deps, reach, params.fid, params.vid)),
   });
 }
 
 async function getDeploymentById(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "deploy_function");
+  const reach = await deps.auth.caller(req, "deploy_function");
   checkUuid(params.did, "DEPLOYMENT_NOT_FOUND", "deployment id");
   const d = await deps.store.getDeploymentById(params.did);
-  if (!d) throw new CallplaneError("DEPLOYMENT_NOT_FOUND", `no deployment with id ${params.did}`);
+  const v = d && (await deps.store.getVersion(d.functionId, d.versionId));
+  if (!d || !v || !(await reach.reaches("deploy_function", v)))
+    throw new CallplaneError("DEPLOYMENT_NOT_FOUND", `no deployment with id ${params.did}`);
   sendJson(res, 200, { deployment: await deploymentDto(deps, d) });
 }
 
 async function updateDeployment(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "deploy_function");
-  const d = await loadDeployment(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "deploy_function");
+  const d = await loadDeployment(deps, reach, params.fid, params.vid);
   const body = parseBody(deploymentSchema, await readJsonBody(deps, req));
   const now = new Date().toISOString();
   await deps.store.updateDeployment(d.functionId, d.versionId, body.deploymentSpecifications, now);
@@ -89,8 +98,8 @@ async function updateDeployment(deps: ApiDeps, { req, res, params }: RequestCont
 }
 
 async function deleteDeployment(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "deploy_function");
-  const d = await loadDeployment(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "deploy_function");
+  const d = await loadDeployment(deps, reach, params.fid, params.vid);
   await deps.store.deleteDeployment(d.functionId, d.versionId);
   deps.logger.info({ deploymentId: d.deploymentId }, "deployment deleted");
   sendJson(res, 200, { deployment: { ...(await deploymentDto(deps, d)), functionStatus: "INACTIVE" } });

@@ -19,7 +19,10 @@ export interface ApiDeps {
   logger: Logger;
   /** The largest request body read, in bytes. */
   maxBodyBytes: number;
+  /** The default account: keys and tokens that name no account act in it. */
   ncaId: string;
+  /** The longest life a new API key may have (apikeys.maxLifetimeDays). */
+  maxKeyLifetimeDays: number;
   /** What `GET /v1/info` says about the issuer (adminIssuerProxy.enabled, .gateway.enabled). */
   adminIssuer: { enabled: boolean; gatewayEnabled: boolean } | undefined;
 }

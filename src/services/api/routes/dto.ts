@@ -41,12 +41,14 @@ export function functionDto(
   deployment: DeploymentRecord | undefined,
   instances: InstanceRecord[],
   secretNames: string[] = [],
+  viewer?: string,
 ) {
   const s = v.spec;
   return {
     id: v.functionId,
     versionId: v.versionId,
     ncaId: v.ncaId,
+    ...(viewer !== undefined && viewer !== v.ncaId ? { ownedByDifferentAccount: true } : {}),
     name: v.name,
     status: functionStatus(deployment, instances),
     inferenceUrl: s.inferenceUrl,
@@ -73,7 +75,7 @@ async function secretNames(deps: ApiDeps, versionIds?: string[]): Promise<Map<st
 }
 
 /** Many versions' DTOs, with one read of the deployments, instances and secret names for all. */
-export async function versionDtos(deps: ApiDeps, versions: FunctionVersionRecord[]) {
+export async function versionDtos(deps: ApiDeps, versions: FunctionVersionRecord[], viewer?: string) {
   const ids = versions.map((v) => v.versionId);
   const [deployments, instances, names] = await Promise.all([
     deps.store.listDeployments(),
@@ -87,18 +89,19 @@ export async function versionDtos(deps: ApiDeps, versions: FunctionVersionRecord
       byVersion.get(v.versionId),
       instances.filter((i) => i.versionId === v.versionId),
       names.get(v.versionId),
+      viewer,
     ),
   );
 }
 
 /** One version's DTO. */
-export async function versionDto(deps: ApiDeps, v: FunctionVersionRecord) {
+export async function versionDto(deps: ApiDeps, v: FunctionVersionRecord, viewer?: string) {
   const [d, instances, names] = await Promise.all([
     deps.store.getDeployment(v.functionId, v.versionId),
     deps.store.listInstances(v.versionId),
     secretNames(deps, [v.versionId]),
   ]);
-  return functionDto(v, d, instances, names.get(v.versionId));
+  return functionDto(v, d, instances, names.get(v.versionId), viewer);
 }
 
 export async function deploymentDto(deps: ApiDeps, d: DeploymentRecord) {
@@ -111,7 +114,7 @@ export async function deploymentDto(deps: ApiDeps, d: DeploymentRecord) {
     functionId: d.functionId,
     functionVersionId: d.versionId,
     functionName: v?.name ?? "",
-    ncaId: deps.ncaId,
+    ncaId: v?.ncaId ?? deps.ncaId,
     functionStatus: functionStatus(d, instances),
     healthInfo: instances
       .filter((i) => i.status === "ERRORED")
@@ -141,14 +144,13 @@ export function keyDto(k: ApiKeyRecord, now = Date.now()) {
     created_at: k.createdAt,
     expires_at: k.expiresAt,
     ...(k.revokedAt ? { revoked_at: k.revokedAt } : {}),
+    ncaId: k.ncaId,
     authorizations: {
-      policies: [
-        {
-          product: "nv-cloud-functions",
-          resources: [{ id: "*", type: "account-functions" }],
-          scopes: k.scopes,
-        },
-      ],
+      policies: k.policies.map((p) => ({
+        product: "nv-cloud-functions",
+        resources: p.resources,
+        scopes: p.scopes,
+      })),
     },
   };
 }

@@ -13,7 +13,6 @@ import type { SecretValue } from "../secrets/store.js";
 import { NameTakenError, type FunctionSpec, type FunctionVersionRecord } from "../store/types.js";
 import { readJsonBody, readSensitiveJsonBody, secretStore, type ApiDeps } from "./deps.js";
 import { versionDto, versionDtos } from "./dto.js";
-import { checkUuid, loadVersion } from "./load.js";
 import { checkVersionLimit } from "./secrets.js";
 
 export function addFunctionRoutes(router: Router, deps: ApiDeps): void {
@@ -73,9 +72,10 @@ async function storeInitialSecrets(
 
 async function createFunction(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
   const { store } = deps;
-  await deps.auth.authorize(req, "register_function");
+  const reach = await deps.auth.caller(req, "register_function");
   const body = parseBody(createFunctionSchema, await readSensitiveJsonBody(deps, req));
   if (body.secrets?.length) secretStore(deps);
+  // (names are unique across the whole plane, not per account: docs/operations.md)
   if (await store.getFunctionByName(body.name)) {
     throw new CallplaneError(
       "FUNCTION_NAME_TAKEN",
@@ -87,7 +87,7 @@ async function createFunction(deps: ApiDeps, { req, res }: RequestContext): Prom
     functionId: randomUUID(),
     versionId: randomUUID(),
     name: body.name,
-    ncaId: deps.ncaId,
+    ncaId: reach.caller.account,
     spec: specFromBody(body),
     createdAt: now,
   };
@@ -107,13 +107,10 @@ async function createFunction(deps: ApiDeps, { req, res }: RequestContext): Prom
 
 async function createVersion(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
   const { store } = deps;
-  await deps.auth.authorize(req, "register_function");
-  checkUuid(params.fid, "FUNCTION_NOT_FOUND", "function id");
+  const reach = await deps.auth.caller(req, "register_function");
+  const existing = await reach.functionVersions("register_function", params.fid);
   const body = parseBody(createFunctionSchema, await readSensitiveJsonBody(deps, req));
   if (body.secrets?.length) secretStore(deps);
-  const existing = await store.listVersions(params.fid);
-  if (existing.length === 0)
-    throw new CallplaneError("FUNCTION_NOT_FOUND", `no function with id ${params.fid}`);
   if (existing[0].name !== body.name) {
     throw new CallplaneError(
       "VALIDATION_FAILED",
@@ -127,7 +124,7 @@ async function createVersion(deps: ApiDeps, { req, res, params }: RequestContext
     functionId: params.fid,
     versionId: randomUUID(),
     name: body.name,
-    ncaId: deps.ncaId,
+    ncaId: existing[0].ncaId,
     spec: specFromBody(body),
     createdAt: new Date().toISOString(),
   };
@@ -138,33 +135,32 @@ async function createVersion(deps: ApiDeps, { req, res, params }: RequestContext
 }
 
 async function listFunctions(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "list_functions");
-  sendJson(res, 200, { functions: await versionDtos(deps, await deps.store.listVersions()) });
+  const reach = await deps.auth.caller(req, "list_functions");
+  const versions = await reach.filter("list_functions", await deps.store.listVersions());
+  sendJson(res, 200, { functions: await versionDtos(deps, versions, reach.caller.account) });
 }
 
 async function listFunctionIds(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "list_functions");
-  const ids = [...new Set((await deps.store.listVersions()).map((v) => v.functionId))];
-  sendJson(res, 200, { functionIds: ids });
+  const reach = await deps.auth.caller(req, "list_functions");
+  const versions = await reach.filter("list_functions", await deps.store.listVersions());
+  sendJson(res, 200, { functionIds: [...new Set(versions.map((v) => v.functionId))] });
 }
 
 async function listVersions(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "list_functions");
-  checkUuid(params.fid, "FUNCTION_NOT_FOUND", "function id");
-  const versions = await deps.store.listVersions(params.fid);
-  if (versions.length === 0)
-    throw new CallplaneError("FUNCTION_NOT_FOUND", `no function with id ${params.fid}`);
-  sendJson(res, 200, { functions: await versionDtos(deps, versions) });
+  const reach = await deps.auth.caller(req, "list_functions");
+  const versions = await reach.functionVersions("list_functions", params.fid);
+  sendJson(res, 200, { functions: await versionDtos(deps, versions, reach.caller.account) });
 }
 
 async function getVersion(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "list_functions");
-  sendJson(res, 200, { function: await versionDto(deps, await loadVersion(deps, params.fid, params.vid)) });
+  const reach = await deps.auth.caller(req, "list_functions");
+  const v = await reach.version("list_functions", params.fid, params.vid);
+  sendJson(res, 200, { function: await versionDto(deps, v, reach.caller.account) });
 }
 
 async function updateVersion(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "update_function");
-  const v = await loadVersion(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "update_function");
+  const v = await reach.version("update_function", params.fid, params.vid);
   const body = parseBody(updateFunctionSchema, await readJsonBody(deps, req));
   if (body.name !== undefined && body.name !== v.name) {
     throw new CallplaneError(
@@ -188,8 +184,8 @@ async function updateVersion(deps: ApiDeps, { req, res, params }: RequestContext
 
 async function deleteVersion(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
   const { store, secrets } = deps;
-  await deps.auth.authorize(req, "delete_function");
-  await loadVersion(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "delete_function");
+  await reach.version("delete_function", params.fid, params.vid);
   const r = await store.deleteVersion(params.fid, params.vid);
   if (r === "deployed") {
     throw new CallplaneError(

@@ -6,7 +6,6 @@ import { CallplaneError } from "../../../lib/errors.js";
 import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { parseBody } from "../schemas.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
-import { UUID } from "./load.js";
 
 const invocationAuthSchema = z.strictObject({
   apiKey: z.string().min(1).max(4096),
@@ -24,11 +23,11 @@ async function authorizeInvocation(deps: ApiDeps, { req, res }: RequestContext):
   const body = parseBody(invocationAuthSchema, await readJsonBody(deps, req));
   const key = await deps.auth.apiKeyPrincipal(body.apiKey);
   requireScope(key, "invoke_function");
-  if (!UUID.test(body.functionId))
-    throw new CallplaneError("FUNCTION_NOT_FOUND", `function id "${body.functionId}" is not a UUID`);
-  const versions = await store.listVersions(body.functionId);
-  if (versions.length === 0)
-    throw new CallplaneError("FUNCTION_NOT_FOUND", `no function with id ${body.functionId}`);
+  // a function of another account (not shared with the key's), or outside the key's policies,
+  // is not found, as one that does not exist
+  const versions = await deps.auth
+    .reachOf(key, key.account)
+    .functionVersions("invoke_function", body.functionId);
   const deployments = new Map(
     (await store.listDeployments())
       .filter((d) => d.functionId === body.functionId)
@@ -61,8 +60,8 @@ async function authorizeInvocation(deps: ApiDeps, { req, res }: RequestContext):
   sendJson(res, 200, {
     functionId: body.functionId,
     functionName: versions[0].name,
-    ncaId: deps.ncaId,
-    clientNcaId: deps.ncaId,
+    ncaId: versions[0].ncaId,
+    clientNcaId: key.account,
     subject: key.subject,
     keyId: key.keyId,
     keyExpiresAt: key.expiresAt.toISOString(),

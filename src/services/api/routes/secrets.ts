@@ -8,7 +8,6 @@ import { sendJson, type RequestContext, type Router } from "../../../lib/http/in
 import { parseBody, rotateMekSchema, rotateNekSchema, updateSecretsSchema } from "../schemas.js";
 import type { SecretStore } from "../secrets/store.js";
 import { readJsonBody, readSensitiveJsonBody, secretStore, type ApiDeps } from "./deps.js";
-import { loadVersion } from "./load.js";
 
 export const MAX_SECRETS_PER_VERSION = 256;
 
@@ -48,9 +47,9 @@ export async function checkVersionLimit(
 }
 
 async function putSecrets(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "update_secrets");
+  const reach = await deps.auth.caller(req, "update_secrets");
   const store = secretStore(deps);
-  const v = await loadVersion(deps, params.fid, params.vid);
+  const v = await reach.version("update_secrets", params.fid, params.vid);
   const body = parseBody(updateSecretsSchema, await readSensitiveJsonBody(deps, req));
   await checkVersionLimit(store, v.versionId, body.secrets);
   await store.put(v, body.secrets);
@@ -62,8 +61,8 @@ async function putSecrets(deps: ApiDeps, { req, res, params }: RequestContext): 
 }
 
 async function listSecrets(deps: ApiDeps, { req, res, params, query }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "update_secrets");
-  const v = await loadVersion(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "update_secrets");
+  const v = await reach.version("update_secrets", params.fid, params.vid);
   const check = query.get("check");
   if (check !== null && check !== "true" && check !== "false")
     throw new CallplaneError("VALIDATION_FAILED", "check: must be true or false", {
@@ -77,8 +76,8 @@ async function listSecrets(deps: ApiDeps, { req, res, params, query }: RequestCo
 }
 
 async function deleteSecret(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "update_secrets");
-  const v = await loadVersion(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "update_secrets");
+  const v = await reach.version("update_secrets", params.fid, params.vid);
   // deleting never decrypts, so it also removes a secret that can no longer be read
   if (!(await secretStore(deps).remove(v, params.name)))
     throw new CallplaneError(
@@ -90,23 +89,23 @@ async function deleteSecret(deps: ApiDeps, { req, res, params }: RequestContext)
 }
 
 async function keyStatus(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
-  await deps.auth.requireAdmin(req, "reading the secret store's key status");
+  await deps.auth.requirePlaneAdmin(req, "reading the secret store's key status");
   sendJson(res, 200, await secretStore(deps).status());
 }
 
 async function rotateMek(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
-  await deps.auth.requireAdmin(req, "rotating the MEK");
+  await deps.auth.requirePlaneAdmin(req, "rotating the MEK");
   const body = parseBody(rotateMekSchema, (await readJsonBody(deps, req)) ?? {});
   sendJson(res, 202, await secretStore(deps).startMekRotation(body.keyId));
 }
 
 async function abortMekRotation(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
-  await deps.auth.requireAdmin(req, "aborting a MEK rotation");
+  await deps.auth.requirePlaneAdmin(req, "aborting a MEK rotation");
   sendJson(res, 200, await secretStore(deps).abortMekRotation());
 }
 
 async function rotateNeks(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
-  await deps.auth.requireAdmin(req, "rotating NEKs");
+  await deps.auth.requirePlaneAdmin(req, "rotating NEKs");
   const body = parseBody(rotateNekSchema, (await readJsonBody(deps, req)) ?? {});
   if (body.functionId !== undefined) {
     const fid = body.functionId.toLowerCase();
@@ -118,8 +117,8 @@ async function rotateNeks(deps: ApiDeps, { req, res }: RequestContext): Promise<
 }
 
 async function secretValues(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
-  await deps.auth.authorize(req, "internal:secrets");
-  const v = await loadVersion(deps, params.fid, params.vid);
+  const reach = await deps.auth.caller(req, "internal:secrets");
+  const v = await reach.version("internal:secrets", params.fid, params.vid);
   const out = await secretStore(deps).values(v);
   res.writeHead(200, { "content-type": "application/json", "cache-control": "no-store" });
   res.end(JSON.stringify({ functionId: v.functionId, functionVersionId: v.versionId, ...out }));

@@ -7,6 +7,8 @@ import { migratePostgres } from "../db/migrate.js";
 import { inTransaction, numbered } from "../db/postgres.js";
 import {
   VERSION_SELECT,
+  accountFromRow,
+  type AccountRow,
   deploymentFromRow,
   instanceFromRow,
   keyFromRow,
@@ -109,6 +111,7 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
         ]);
         if ((left.rows[0] as { n: number }).n === 0)
           await t("DELETE FROM functions WHERE function_id = ?", [functionId]);
+        await t("DELETE FROM function_authorizations WHERE function_id = ?", [functionId]);
         return "deleted";
       });
     },
@@ -216,8 +219,18 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
     },
     async createApiKey(k) {
       await q(
-        "INSERT INTO api_keys (key_id, hash, description, owner_id, scopes, expires_at, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-        [k.keyId, k.hash, k.description, k.ownerId, JSON.stringify(k.scopes), k.expiresAt, k.createdAt],
+        "INSERT INTO api_keys (key_id, hash, description, owner_id, nca_id, scopes, policies, expires_at, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+        [
+          k.keyId,
+          k.hash,
+          k.description,
+          k.ownerId,
+          k.ncaId,
+          JSON.stringify(k.scopes),
+          JSON.stringify(k.policies),
+          k.expiresAt,
+          k.createdAt,
+        ],
       );
     },
     async getApiKeyByHash(hash) {
@@ -237,6 +250,74 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
         keyId,
       ]);
       return r.rowCount === 1;
+    },
+    async createAccount(a) {
+      const r = await q(
+        "INSERT INTO accounts (nca_id, name, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        [a.ncaId, a.name, a.createdAt],
+      );
+      return r.rowCount === 1 ? "created" : "name-taken";
+    },
+    async adoptIntoAccount(a) {
+      await tx(async (t) => {
+        await t("INSERT INTO accounts (nca_id, name, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [
+          a.ncaId,
+          a.name,
+          a.createdAt,
+        ]);
+        await t("UPDATE api_keys SET nca_id = ? WHERE nca_id = ''", [a.ncaId]);
+      });
+    },
+    async getAccount(ncaId) {
+      const r = await one<AccountRow>("SELECT * FROM accounts WHERE nca_id = ?", [ncaId]);
+      return r && accountFromRow(r);
+    },
+    async listAccounts() {
+      return (await rows<AccountRow>("SELECT * FROM accounts ORDER BY created_at")).map(accountFromRow);
+    },
+    async authorize(functionId, ncaId, at) {
+      const r = await q(
+        "INSERT INTO function_authorizations (function_id, nca_id, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        [functionId, ncaId, at],
+      );
+      return r.rowCount === 1;
+    },
+    async unauthorize(functionId, ncaId) {
+      const r = await q("DELETE FROM function_authorizations WHERE function_id = ? AND nca_id = ?", [
+        functionId,
+        ncaId,
+      ]);
+      return r.rowCount === 1;
+    },
+    async listAuthorizedAccounts(functionId) {
+      return (
+        await rows<{ nca_id: string }>(
+          "SELECT nca_id FROM function_authorizations WHERE function_id = ? ORDER BY created_at",
+          [functionId],
+        )
+      ).map((r) => r.nca_id);
+    },
+    async listAuthorizedFunctions(ncaId) {
+      return (
+        await rows<{ function_id: string }>(
+          "SELECT function_id FROM function_authorizations WHERE nca_id = ? ORDER BY created_at",
+          [ncaId],
+        )
+      ).map((r) => r.function_id);
+    },
+    async revokeAdminToken(tokenId, at) {
+      const r = await q(
+        "INSERT INTO revoked_admin_tokens (token_id, revoked_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+        [tokenId, at],
+      );
+      return r.rowCount === 1;
+    },
+    async adminTokenRevokedAt(tokenId) {
+      const r = await one<{ revoked_at: string }>(
+        "SELECT revoked_at FROM revoked_admin_tokens WHERE token_id = ?",
+        [tokenId],
+      );
+      return r?.revoked_at;
     },
     async close() {
       await pool.end();

@@ -1,7 +1,10 @@
 // Rows as both stores read them, and the records they become: the SQL schema is the same on
 // SQLite and PostgreSQL (MIGRATIONS in ../db/migrations.ts), so the mapping is too.
 import type {
+  AccountRecord,
   ApiKeyRecord,
+  KeyPolicy,
+  KeyResource,
   DeploymentRecord,
   DeploymentSpecification,
   FunctionSpec,
@@ -45,9 +48,16 @@ export interface KeyRow {
   description: string;
   owner_id: string;
   scopes: string;
+  nca_id: string;
+  policies: string | null;
   expires_at: string;
   created_at: string;
   revoked_at: string | null;
+}
+export interface AccountRow {
+  nca_id: string;
+  name: string;
+  created_at: string;
 }
 
 export const versionFromRow = (r: VersionRow): FunctionVersionRecord => ({
@@ -80,15 +90,31 @@ export const instanceFromRow = (r: InstanceRow): InstanceRecord => ({
   createdAt: r.created_at,
   updatedAt: r.updated_at,
 });
-export const keyFromRow = (r: KeyRow): ApiKeyRecord => ({
-  keyId: r.key_id,
-  hash: r.hash,
-  description: r.description,
-  ownerId: r.owner_id,
-  scopes: JSON.parse(r.scopes) as string[],
-  expiresAt: r.expires_at,
+/** What keys made before policies were stored reach: every function of their account and shared with it. */
+export const ALL_FUNCTIONS: KeyResource[] = [
+  { id: "*", type: "account-functions" },
+  { id: "*", type: "authorized-functions" },
+];
+
+export const keyFromRow = (r: KeyRow): ApiKeyRecord => {
+  const scopes = JSON.parse(r.scopes) as string[];
+  return {
+    keyId: r.key_id,
+    hash: r.hash,
+    description: r.description,
+    ownerId: r.owner_id,
+    ncaId: r.nca_id,
+    scopes,
+    policies: r.policies ? (JSON.parse(r.policies) as KeyPolicy[]) : [{ scopes, resources: ALL_FUNCTIONS }],
+    expiresAt: r.expires_at,
+    createdAt: r.created_at,
+    revokedAt: r.revoked_at ?? undefined,
+  };
+};
+export const accountFromRow = (r: AccountRow): AccountRecord => ({
+  ncaId: r.nca_id,
+  name: r.name,
   createdAt: r.created_at,
-  revokedAt: r.revoked_at ?? undefined,
 });
 
 export const VERSION_SELECT = `SELECT v.version_id, v.function_id, f.name, f.nca_id, v.spec, v.created_at

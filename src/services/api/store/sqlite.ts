@@ -7,6 +7,8 @@ import { migrateSqlite } from "../db/migrate.js";
 import { openSqliteFile } from "../db/sqlite.js";
 import {
   VERSION_SELECT,
+  accountFromRow,
+  type AccountRow,
   deploymentFromRow,
   instanceFromRow,
   keyFromRow,
@@ -63,7 +65,10 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
         const left = db
           .prepare("SELECT COUNT(*) AS n FROM function_versions WHERE function_id = ?")
           .get(functionId) as { n: number };
-        if (left.n === 0) db.prepare("DELETE FROM functions WHERE function_id = ?").run(functionId);
+        if (left.n === 0) {
+          db.prepare("DELETE FROM functions WHERE function_id = ?").run(functionId);
+          db.prepare("DELETE FROM function_authorizations WHERE function_id = ?").run(functionId);
+        }
         return "deleted";
       })();
     },
@@ -150,8 +155,18 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
     },
     async createApiKey(k) {
       db.prepare(
-        "INSERT INTO api_keys (key_id, hash, description, owner_id, scopes, expires_at, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
-      ).run(k.keyId, k.hash, k.description, k.ownerId, JSON.stringify(k.scopes), k.expiresAt, k.createdAt);
+        "INSERT INTO api_keys (key_id, hash, description, owner_id, nca_id, scopes, policies, expires_at, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+      ).run(
+        k.keyId,
+        k.hash,
+        k.description,
+        k.ownerId,
+        k.ncaId,
+        JSON.stringify(k.scopes),
+        JSON.stringify(k.policies),
+        k.expiresAt,
+        k.createdAt,
+      );
     },
     async getApiKeyByHash(hash) {
       const r = db.prepare("SELECT * FROM api_keys WHERE hash = ?").get(hash) as KeyRow | undefined;
@@ -169,6 +184,70 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
         .prepare("UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL")
         .run(at, keyId);
       return r.changes === 1;
+    },
+    async createAccount(a) {
+      const r = db
+        .prepare("INSERT INTO accounts (nca_id, name, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING")
+        .run(a.ncaId, a.name, a.createdAt);
+      return r.changes === 1 ? "created" : "name-taken";
+    },
+    async adoptIntoAccount(a) {
+      db.transaction(() => {
+        db.prepare(
+          "INSERT INTO accounts (nca_id, name, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        ).run(a.ncaId, a.name, a.createdAt);
+        db.prepare("UPDATE api_keys SET nca_id = ? WHERE nca_id = ''").run(a.ncaId);
+      })();
+    },
+    async getAccount(ncaId) {
+      const r = db.prepare("SELECT * FROM accounts WHERE nca_id = ?").get(ncaId) as AccountRow | undefined;
+      return r && accountFromRow(r);
+    },
+    async listAccounts() {
+      return (db.prepare("SELECT * FROM accounts ORDER BY created_at").all() as AccountRow[]).map(
+        accountFromRow,
+      );
+    },
+    async authorize(functionId, ncaId, at) {
+      const r = db
+        .prepare(
+          "INSERT INTO function_authorizations (function_id, nca_id, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .run(functionId, ncaId, at);
+      return r.changes === 1;
+    },
+    async unauthorize(functionId, ncaId) {
+      const r = db
+        .prepare("DELETE FROM function_authorizations WHERE function_id = ? AND nca_id = ?")
+        .run(functionId, ncaId);
+      return r.changes === 1;
+    },
+    async listAuthorizedAccounts(functionId) {
+      return (
+        db
+          .prepare("SELECT nca_id FROM function_authorizations WHERE function_id = ? ORDER BY created_at")
+          .all(functionId) as Array<{ nca_id: string }>
+      ).map((r) => r.nca_id);
+    },
+    async listAuthorizedFunctions(ncaId) {
+      return (
+        db
+          .prepare("SELECT function_id FROM function_authorizations WHERE nca_id = ? ORDER BY created_at")
+          .all(ncaId) as Array<{ function_id: string }>
+      ).map((r) => r.function_id);
+    },
+    async revokeAdminToken(tokenId, at) {
+      const r = db
+        .prepare(
+          "INSERT INTO revoked_admin_tokens (token_id, revoked_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+        )
+        .run(tokenId, at);
+      return r.changes === 1;
+    },
+    async adminTokenRevokedAt(tokenId) {
+      const r = db.prepare("SELECT revoked_at FROM revoked_admin_tokens WHERE token_id = ?").get(tokenId) as
+        { revoked_at: string } | undefined;
+      return r?.revoked_at;
     },
     async close() {
       db.close();

@@ -74,12 +74,34 @@ export interface InstanceRecord {
   updatedAt: string;
 }
 
+/** What a policy of a key reaches: the functions of its account, or those shared with it; `*` or one function id. */
+export interface KeyResource {
+  id: string;
+  type: "account-functions" | "authorized-functions";
+}
+
+/** One policy of a key (NVCF's authorizations.policies[]): these scopes, on these functions. */
+export interface KeyPolicy {
+  scopes: string[];
+  resources: KeyResource[];
+}
+
+export interface AccountRecord {
+  ncaId: string;
+  name: string;
+  createdAt: string;
+}
+
 export interface ApiKeyRecord {
   keyId: string;
   hash: string;
   description: string;
   ownerId: string;
+  /** The account the key belongs to. */
+  ncaId: string;
+  /** Every scope of every policy. */
   scopes: string[];
+  policies: KeyPolicy[];
   expiresAt: string;
   createdAt: string;
   revokedAt?: string | undefined;
@@ -117,6 +139,26 @@ export interface Store {
   getApiKey(keyId: string): Promise<ApiKeyRecord | undefined>;
   listApiKeys(): Promise<ApiKeyRecord[]>;
   revokeApiKey(keyId: string, at: string): Promise<boolean>;
+
+  /** Creates an account; "name-taken" when another has the name. */
+  createAccount(a: AccountRecord): Promise<"created" | "name-taken">;
+  /** The default account: created when missing; keys made before accounts are given to it. */
+  adoptIntoAccount(a: AccountRecord): Promise<void>;
+  getAccount(ncaId: string): Promise<AccountRecord | undefined>;
+  listAccounts(): Promise<AccountRecord[]>;
+
+  /** Shares a function with an account (NVCF's function authorizations); false when it already was. */
+  authorize(functionId: string, ncaId: string, at: string): Promise<boolean>;
+  /** Stops sharing; false when it was not shared. */
+  unauthorize(functionId: string, ncaId: string): Promise<boolean>;
+  /** The accounts a function is shared with. */
+  listAuthorizedAccounts(functionId: string): Promise<string[]>;
+  /** The functions shared with an account. */
+  listAuthorizedFunctions(ncaId: string): Promise<string[]>;
+
+  /** Revokes an admin token by its id (its `jti`); false when it already was. */
+  revokeAdminToken(tokenId: string, at: string): Promise<boolean>;
+  adminTokenRevokedAt(tokenId: string): Promise<string | undefined>;
 
   close(): Promise<void>;
 }
