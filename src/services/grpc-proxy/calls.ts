@@ -1,10 +1,10 @@
 // One client gRPC call, a stream on a client's HTTP/2 connection: its shape is checked
-// (admission.ts), its API key authorized for a gRPC function and counted against the key's bound,
-// its session found or started (sessions.ts); if the worker's tunnel is not up
-// yet the call waits for it (until the call's deadline, if any); then the stream passes through
-// the tunnel as bytes (forwardStream: any method of its services, with metadata, trailers, deadlines,
-// resets and flow control intact). A call that cannot go through is answered by grpc-proxy itself
-// (trailers-only, with the session's nvcf-reqid).
+// (admission.ts), its API key authorized for a gRPC function and counted against the key's bound
+// (in-flight.ts), its session found or started (sessions.ts); if the worker's tunnel is not up yet
+// the call waits for it (until the call's deadline, if any); then the stream passes through the
+// tunnel as bytes (forwardStream: any method of the function's services, with metadata, trailers,
+// deadlines, resets and flow control intact). A call that cannot go through is answered by
+// grpc-proxy itself (trailers-only, with the session's nvcf-reqid and the refusal's code).
 import {
   constants as h2,
   type ClientHttp2Session,

@@ -4,9 +4,10 @@
 // address of this replica's tunnel listener; the worker that takes it opens a tunnel back
 // (HTTP/1 CONNECT, §4.3), over which the roles invert: this replica is the HTTP/2 client, the
 // worker serves it and passes each call to the inference server. Every call of the session reuses
-// that tunnel; calls pass through as bytes (any method of the function's services), with metadata, trailers,
-// deadlines, resets and flow control intact. Only gRPC methods of gRPC functions (inferenceUrl
-// /grpc) pass, and a session belongs to its caller's account (no other account can resume it).
+// that tunnel; calls pass through as bytes (any method of the function's services), with
+// metadata, trailers, deadlines, resets and flow control intact. Only gRPC methods of gRPC
+// functions (inferenceUrl /grpc) pass, and a session belongs to its caller's account (no other
+// account can resume it).
 //
 // Tunnels can reach this replica three ways: directly on its CONNECT listener (in-cluster), on its
 // worker TLS listener through the callback proxy (another network), or relayed from another
