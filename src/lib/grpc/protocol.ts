@@ -66,14 +66,48 @@ export function isGrpcRequest(headers: IncomingHttpHeaders): boolean {
   return typeof ct === "string" && ct.startsWith("application/grpc");
 }
 
-/** `grpc-timeout` (e.g. 150m, 10S) in milliseconds, or undefined when absent or malformed. */
-export function grpcTimeoutMs(value: string | string[] | undefined): number | undefined {
+/** The longest delay a Node timer holds (2^31-1 ms, about 24.8 days); a longer one fires at once. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * `grpc-timeout` (e.g. 150m, 10S) in milliseconds, clamped to what a timer holds; undefined when
+ * absent, null when malformed. PROTOCOL-HTTP2.md: at most 8 digits and one unit (H, M, S, m, u, n);
+ * a repeated header (Node joins the values) is malformed.
+ */
+export function grpcTimeoutMs(value: string | string[] | undefined): number | undefined | null {
+  if (value === undefined) return undefined;
   const m = typeof value === "string" ? /^(\d{1,8})([HMSmun])$/.exec(value) : null;
-  if (!m) return undefined;
+  if (!m) return null;
   const n = Number(m[1]);
   const unit = { H: 3_600_000, M: 60_000, S: 1000, m: 1, u: 0.001, n: 0.000_001 }[m[2] as "H"];
-  return n * unit;
+  return Math.min(n * unit, MAX_TIMER_MS);
 }
+
+/**
+ * A deadline as grpc-timeout, for the next hop: milliseconds while they fit in 8 digits, else whole
+ * seconds (at most MAX_TIMER_MS, so a server that reads it into a 32-bit timer does not overflow).
+ */
+export function formatGrpcTimeout(ms: number): string {
+  const clamped = Math.max(1, Math.min(Math.ceil(ms), MAX_TIMER_MS));
+  return clamped <= 99_999_999 ? `${clamped}m` : `${Math.floor(clamped / 1000)}S`;
+}
+
+/**
+ * Whether `path` names a gRPC method: `/<service>/<method>` as PROTOCOL-HTTP2.md builds it from a
+ * protobuf service, the service's full name (`package.Service`, dot-separated identifiers; the
+ * package may be absent) and the method's name, identifiers being `[A-Za-z_][A-Za-z0-9_]*`. No
+ * other character (no `%`, `?`, `..`, empty segment) and nothing else passes, so only methods reach
+ * a function's server.
+ */
+export function isGrpcMethodPath(path: string | undefined): boolean {
+  return (
+    path !== undefined &&
+    path.length <= MAX_GRPC_PATH &&
+    /^\/[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\/[A-Za-z_][A-Za-z0-9_]*$/.test(path)
+  );
+}
+
+const MAX_GRPC_PATH = 1024;
 
 /**
  * The proxy's own answer to a call it refuses: for gRPC a trailers-only response (one HEADERS

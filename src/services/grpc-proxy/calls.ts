@@ -1,21 +1,21 @@
-// One client gRPC call, a stream on a client's HTTP/2 connection: its metadata is checked and its
-// API key authorized, its session found or started (sessions.ts); if the worker's tunnel is not up
-// yet the call waits for it (until the call's deadline, if any); then the stream passes through
-// the tunnel as bytes (forwardStream: any service, any method, with metadata, trailers, deadlines,
-// resets and flow control intact). A call that cannot go through is answered by grpc-proxy itself
-// (trailers-only, with the session's nvcf-reqid).
+// One client gRPC call, a stream on a client's HTTP/2 connection: its shape is checked
+// (admission.ts), its API key authorized for a gRPC function and counted against the key's bound
+// (in-flight.ts), its session found or started (sessions.ts); if the worker's tunnel is not up yet
+// the call waits for it (until the call's deadline, if any); then the stream passes through the
+// tunnel as bytes (forwardStream: any method of the function's services, with metadata, trailers,
+// deadlines, resets and flow control intact). A call that cannot go through is answered by
+// grpc-proxy itself (trailers-only, with the session's nvcf-reqid and the refusal's code).
 import {
   constants as h2,
   type ClientHttp2Session,
-  type Http2Session,
   type IncomingHttpHeaders,
   type ServerHttp2Stream,
 } from "node:http2";
 import { CallplaneError, GRPC_STATUS, toCallplaneError } from "../../lib/errors.js";
 import {
+  formatGrpcTimeout,
   forwardStream,
   GRPC,
-  grpcTimeoutMs,
   nextHopRequestHeaders,
   refuseStream,
   statusOfReset,
@@ -24,12 +24,18 @@ import {
 import { isUuid, newRequestId } from "../../lib/ids.js";
 import type { Logger } from "../../lib/log.js";
 import type { AuthCache } from "../../plane/auth-cache.js";
+import type { HostNames } from "../../lib/http/index.js";
+import { admitCall, grpcGrant } from "./admission.js";
+import type { KeyBudget } from "./in-flight.js";
 import { first } from "./metadata.js";
 import type { GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
 import { CLEAR_SESSION_COOKIE, resumeIdOf, sessionCookie, type SessionTable } from "./sessions.js";
 import type { ProxyState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
+
+/** grpc-proxy's own refusals carry their stable code (docs/errors.md) in this metadata. */
+export const REFUSAL_CODE_HEADER = "callplane-code";
 
 /** Request headers that end here: the API key, and the session routing that only this hop reads. */
 const DROP_UPSTREAM = new Set(["authorization", "cookie"]);
@@ -41,46 +47,55 @@ export interface CallDeps {
   metrics: Pick<GrpcProxyMetrics, "calls">;
   logger: Logger;
   holderId: number;
+  /** The host names the client port serves besides IP literals and localhost (global.hosts). */
+  hosts: HostNames;
+  /** Each key's calls in flight on this replica (grpcproxy.maxInFlightPerKey). */
+  callBudget: KeyBudget;
 }
 
 export class Calls {
   constructor(private readonly deps: CallDeps) {}
 
   /** A client's call, from its first HEADERS to its answer; never throws. */
-  async onStream(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number): Promise<void> {
+  async onStream(
+    stream: ServerHttp2Stream,
+    headers: IncomingHttpHeaders,
+    flags: number,
+    rawHeaders: readonly string[],
+  ): Promise<void> {
     const conn = stream.session;
     let session: Session | undefined;
     let began = false;
+    let release: (() => void) | undefined;
     try {
       if (this.deps.state.closing || !conn)
         throw new CallplaneError(
           "SHUTTING_DOWN",
           "this grpc-proxy replica is shutting down; retry on another connection",
         );
-      session = await this.sessionOf(conn, headers);
+      const { deadlineMs } = admitCall(headers, rawHeaders, this.deps.hosts);
+      const deadlineAt = deadlineMs === undefined ? undefined : performance.now() + deadlineMs;
+      const apiKey = apiKeyOf(headers);
+      const { functionId, pinned } = routingOf(headers);
+      const grant = grpcGrant(await this.deps.auth.authorize(apiKey, functionId, pinned), pinned);
+      release = this.deps.callBudget.take(grant.keyId);
+      const resumeId = resumeIdOf(headers);
+      session = resumeId
+        ? await this.deps.sessions.resume(conn, resumeId, grant, functionId, pinned)
+        : this.deps.sessions.sessionFor(conn, grant, functionId, pinned);
       session.begin();
       began = true;
       const tunnel =
         session.state === "open" && session.tunnel && !session.tunnel.closed
           ? session.tunnel
-          : await waitForWorker(stream, headers, session);
-      await this.forward(stream, headers, flags, session, tunnel);
+          : await waitForWorker(stream, deadlineMs, session);
+      await this.forward(stream, headers, flags, session, tunnel, deadlineAt);
     } catch (err) {
       this.refuse(stream, headers, err, session);
     } finally {
       if (began) session?.finish();
+      release?.();
     }
-  }
-
-  /** Checks the call's metadata, authorizes its API key, and finds or starts its session. */
-  private async sessionOf(conn: Http2Session, headers: IncomingHttpHeaders): Promise<Session> {
-    const apiKey = apiKeyOf(headers);
-    const { functionId, pinned } = routingOf(headers);
-    const grant = await this.deps.auth.authorize(apiKey, functionId, pinned);
-    const resumeId = resumeIdOf(headers);
-    return resumeId
-      ? await this.deps.sessions.resume(conn, resumeId, grant, functionId, pinned)
-      : this.deps.sessions.sessionFor(conn, grant, functionId, pinned);
   }
 
   /** Passes the call through the worker's tunnel and its answer back. */
@@ -90,8 +105,14 @@ export class Calls {
     flags: number,
     session: Session,
     tunnel: ClientHttp2Session,
+    deadlineAt: number | undefined,
   ): Promise<void> {
     const extra: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
+    const upstream: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
+    // what is left of the call's deadline after the wait for the worker, in a form every server's
+    // timer holds (a client's 2147484S would overflow a 32-bit one)
+    if (deadlineAt !== undefined)
+      upstream["grpc-timeout"] = formatGrpcTimeout(deadlineAt - performance.now());
     if (!session.cookieSent) {
       session.cookieSent = true;
       extra["set-cookie"] = sessionCookie(session.requestId);
@@ -101,7 +122,7 @@ export class Calls {
       headers,
       !!(flags & h2.NGHTTP2_FLAG_END_STREAM),
       tunnel,
-      nextHopRequestHeaders(headers, DROP_UPSTREAM, { [NVCF_HEADERS.reqId]: session.requestId }),
+      nextHopRequestHeaders(headers, DROP_UPSTREAM, upstream),
       {
         responseHeaders: extra,
         failure: (code, gone) => ({
@@ -134,6 +155,7 @@ export class Calls {
     this.deps.metrics.calls.inc({ outcome: e.code === "CLIENT_GONE" ? "client_gone" : "refused" });
     const extra: Record<string, string> = {
       [NVCF_HEADERS.reqId]: session?.requestId ?? newRequestId(this.deps.holderId),
+      [REFUSAL_CODE_HEADER]: e.code,
     };
     if (e.code === "SESSION_NOT_FOUND") extra["set-cookie"] = CLEAR_SESSION_COOKIE;
     refuseStream(
@@ -148,7 +170,7 @@ export class Calls {
 /** A call that arrives before its session's tunnel waits for it (until the call's deadline, if any). */
 export async function waitForWorker(
   stream: ServerHttp2Stream,
-  headers: IncomingHttpHeaders,
+  deadlineMs: number | undefined,
   session: Session,
 ): Promise<ClientHttp2Session> {
   const ended = new AbortController();
@@ -157,7 +179,6 @@ export async function waitForWorker(
       new CallplaneError("CLIENT_GONE", "the client cancelled the call while it waited for its worker"),
     );
   stream.once("close", onClose);
-  const deadlineMs = grpcTimeoutMs(headers["grpc-timeout"]);
   const deadline =
     deadlineMs === undefined
       ? undefined

@@ -69,8 +69,10 @@ export class ClientListener {
     // the session has them)
     this.server.on("connection", (sock: Socket) => sock.setNoDelay(true));
     this.server.on("session", (s: ServerHttp2Session) => this.onSession(s));
-    this.server.on("stream", (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number) =>
-      this.onStream(stream, headers, flags),
+    this.server.on(
+      "stream",
+      (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number, rawHeaders: string[]) =>
+        this.onStream(stream, headers, flags, rawHeaders),
     );
   }
 
@@ -106,9 +108,14 @@ export class ClientListener {
     s.on("error", () => undefined);
   }
 
-  private onStream(stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number): void {
+  private onStream(
+    stream: ServerHttp2Stream,
+    headers: IncomingHttpHeaders,
+    flags: number,
+    rawHeaders: string[],
+  ): void {
     stream.on("error", () => undefined);
-    void this.calls.onStream(stream, headers, flags);
+    void this.calls.onStream(stream, headers, flags, rawHeaders);
   }
 }
 

@@ -47,6 +47,8 @@ runService(
       sessionIdleMs: g.sessionIdleSeconds * 1000,
       connectTokenTtlMs: g.connectTokenTtlSeconds * 1000,
       relay: { enabled: g.relay.enabled },
+      hosts: config.global.hosts,
+      maxInFlightPerKey: g.maxInFlightPerKey,
       logger,
     });
     const url = await service.listen();

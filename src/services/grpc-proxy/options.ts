@@ -1,6 +1,7 @@
 // What a grpc-proxy replica is given (GrpcProxyOptions) and the addresses it listens on once
 // started (GrpcProxyUrls). Apart from service.ts so that its modules can read the options without
 // importing the shell that wires them.
+import type { HostNames } from "../../lib/http/index.js";
 import type { HostPort } from "../../lib/net/index.js";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
@@ -33,6 +34,10 @@ export interface GrpcProxyOptions {
   /** How long a CONNECT token is valid, and so how long a call waits for its worker (30 s). */
   connectTokenTtlMs?: number;
   relay?: { enabled: boolean; registryTtlMs?: number };
+  /** Host names the client listener serves besides IP literals and localhost (global.hosts; default none). */
+  hosts?: HostNames | undefined;
+  /** The most calls in flight, and the most sessions, one API key holds on this replica (1024). */
+  maxInFlightPerKey?: number;
   holderId?: number;
   logger?: Logger;
   registry?: Registry;

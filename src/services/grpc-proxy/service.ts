@@ -4,8 +4,10 @@
 // address of this replica's tunnel listener; the worker that takes it opens a tunnel back
 // (HTTP/1 CONNECT, §4.3), over which the roles invert: this replica is the HTTP/2 client, the
 // worker serves it and passes each call to the inference server. Every call of the session reuses
-// that tunnel; calls pass through as bytes (any service, any method), with metadata, trailers,
-// deadlines, resets and flow control intact.
+// that tunnel; calls pass through as bytes (any method of the function's services), with
+// metadata, trailers, deadlines, resets and flow control intact. Only gRPC methods of gRPC
+// functions (inferenceUrl /grpc) pass, and a session belongs to its caller's account (no other
+// account can resume it).
 //
 // Tunnels can reach this replica three ways: directly on its CONNECT listener (in-cluster), on its
 // worker TLS listener through the callback proxy (another network), or relayed from another
@@ -25,6 +27,7 @@ import { createAuthCache } from "../../plane/auth-cache.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
 import { Calls } from "./calls.js";
+import { KeyBudget } from "./in-flight.js";
 import { ClientListener, WorkerListeners, connectUriFor } from "./listeners.js";
 import { grpcProxyMetrics } from "./metrics.js";
 import type { GrpcProxyOptions, GrpcProxyUrls } from "./options.js";
@@ -43,8 +46,10 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
   const auth = createAuthCache(opts, logger, registry);
   const metrics = grpcProxyMetrics(registry);
   const state = new ProxyState();
+  const maxInFlightPerKey = opts.maxInFlightPerKey ?? 1024;
   const sessions = new SessionTable({
     state,
+    budget: new KeyBudget(maxInFlightPerKey, "sessions"),
     logger,
     holderId,
     region: opts.region,
@@ -52,7 +57,16 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     tokenTtlMs: opts.connectTokenTtlMs ?? 30_000,
     metrics,
   });
-  const calls = new Calls({ auth, sessions, state, metrics, logger, holderId });
+  const calls = new Calls({
+    auth,
+    sessions,
+    state,
+    metrics,
+    logger,
+    holderId,
+    hosts: opts.hosts ?? [],
+    callBudget: new KeyBudget(maxInFlightPerKey, "calls in flight"),
+  });
   const tunnels = new Tunnels({ sessions, state, metrics, logger, holderId, listenHost: opts.listen.host });
   const clients = new ClientListener(opts, calls, { logger, registry });
   const workers = new WorkerListeners(opts, tunnels, state, { logger, registry });

@@ -2,7 +2,8 @@
 // back to this replica. All calls of a client connection for one function routing share it; calls
 // wait for the tunnel while the worker is on its way. A session with no call in flight for idleMs
 // closes its tunnel (GOAWAY: calls still on it finish), and a session that lost its tunnel fails
-// the calls waiting for it.
+// the calls waiting for it. A session belongs to the account of the key that started it (NVCF's
+// clientNcaId): keys of that account may resume it, no other key can tell it exists.
 import type { ClientHttp2Session } from "node:http2";
 import { CallplaneError } from "../../lib/errors.js";
 
@@ -33,6 +34,8 @@ export class Session {
     readonly requestId: string,
     readonly functionId: string,
     readonly functionVersionId: string,
+    /** The account of the key that started it (Grant.clientNcaId). */
+    readonly owner: string,
     private readonly idleMs: number,
     private readonly onClosed: (s: Session, why: string) => void,
   ) {}

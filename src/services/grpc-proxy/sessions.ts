@@ -4,6 +4,9 @@
 // address of this replica's tunnel listener. A call that names a session (nvcf-reqid metadata, or
 // the session cookie) joins the one held here, or asks the worker that serves it to open one more
 // tunnel, to this replica. The worker's tunnel claims its session by the token (tunnels.ts).
+// Resuming is for the session's account only: a key of another account gets the very answer an
+// unknown id gets (SESSION_NOT_FOUND), here and from the worker (which checks the work message's
+// ncaId against its session's), so a request id tells it nothing.
 import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { RequestError } from "@nats-io/transport-node";
@@ -18,6 +21,7 @@ import { PendingTable } from "../../plane/pending.js";
 import { TokenTable } from "../../plane/tokens.js";
 import { cookieValue, first } from "./metadata.js";
 import type { GrpcProxyMetrics } from "./metrics.js";
+import type { KeyBudget } from "./in-flight.js";
 import { Session } from "./session.js";
 import type { ProxyState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
@@ -47,6 +51,8 @@ export interface SessionTableDeps {
   /** How long a CONNECT token is valid, and so how long a session waits for its worker. */
   tokenTtlMs: number;
   metrics: Pick<GrpcProxyMetrics, "openSessions" | "waitingSessions">;
+  /** Each key's sessions held here (grpcproxy.maxInFlightPerKey). */
+  budget: KeyBudget;
 }
 
 export class SessionTable {
@@ -56,6 +62,8 @@ export class SessionTable {
   private readonly sessions = new Map<string, Session>();
   /** Per client connection, its sessions by routing (`<function-id>|<pinned version or "">`). */
   private readonly byConnection = new WeakMap<Http2Session, Map<string, Session>>();
+  /** Gives back the key's share of the session budget when the session ends. */
+  private readonly releases = new WeakMap<Session, () => void>();
 
   constructor(private readonly deps: SessionTableDeps) {
     this.tokens = new TokenTable<Session>(deps.holderId, deps.tokenTtlMs);
@@ -79,7 +87,7 @@ export class SessionTable {
     const versions = grant.functionVersions;
     const version =
       versions.length === 1 ? versions[0] : versions[Math.floor(Math.random() * versions.length)];
-    const s = this.newSession(newRequestId(this.deps.holderId), functionId, version.functionVersionId);
+    const s = this.newSession(newRequestId(this.deps.holderId), functionId, version.functionVersionId, grant);
     routes.set(route, s);
     this.deps.state
       .publisher!.publish(version.functionVersionId, s.requestId, this.workMessage(s, s.token!, grant))
@@ -108,10 +116,13 @@ export class SessionTable {
       );
     if (!isUuid(requestId))
       throw notFound(`nvcf-reqid ${JSON.stringify(requestId.slice(0, 60))} is not a request id`);
+    // what an id nobody holds gets, and so what a key of another account gets, word for word
+    const unknown = notFound(`no worker holds session ${requestId} any more`);
     const held = this.sessions.get(requestId);
     const fits = (s: Session) =>
       s.functionId === functionId && (pinned === undefined || s.functionVersionId === pinned);
     if (held && held.state !== "closed") {
+      if (held.owner !== grant.clientNcaId) throw unknown;
       if (!fits(held)) throw notFound(`session ${requestId} belongs to another function`);
       this.byConnection.get(conn)?.set(`${functionId}|${pinned ?? ""}`, held);
       return held;
@@ -121,9 +132,9 @@ export class SessionTable {
     // (workers may hear only their own), so each version the key may call is asked in turn.
     const versions = pinned ? [pinned] : grant.functionVersions.map((v) => v.functionVersionId);
     let s: Session | undefined;
-    let failure: CallplaneError = notFound(`no worker holds session ${requestId} any more`);
+    let failure: CallplaneError = unknown;
     for (const version of versions) {
-      const candidate = this.newSession(requestId, functionId, version);
+      const candidate = this.newSession(requestId, functionId, version, grant);
       candidate.resumed = true;
       try {
         const reply = await this.deps.state.nc!.request(
@@ -132,7 +143,11 @@ export class SessionTable {
           { timeout: 3000 },
         );
         const refusal = reply.string();
-        if (refusal) throw notFound(refusal);
+        if (refusal) {
+          // the worker's reason (another account, another function) is logged, never sent
+          this.deps.logger.info({ requestId, functionId, version, refusal }, "worker refused a resumption");
+          throw unknown;
+        }
         s = candidate;
         break;
       } catch (err) {
@@ -184,11 +199,23 @@ export class SessionTable {
     this.tokens.close();
   }
 
-  private newSession(requestId: string, functionId: string, functionVersionId: string): Session {
+  private newSession(
+    requestId: string,
+    functionId: string,
+    functionVersionId: string,
+    grant: Pick<Grant, "clientNcaId" | "keyId">,
+  ): Session {
     const { tokenTtlMs } = this.deps;
-    const s = new Session(requestId, functionId, functionVersionId, this.deps.idleMs, (ended, why) =>
-      this.ended(ended, why),
+    const release = this.deps.budget.take(grant.keyId);
+    const s = new Session(
+      requestId,
+      functionId,
+      functionVersionId,
+      grant.clientNcaId,
+      this.deps.idleMs,
+      (ended, why) => this.ended(ended, why),
     );
+    this.releases.set(s, release);
     s.token = this.tokens.mint(s);
     this.sessions.set(requestId, s);
     this.waiting.add(s, tokenTtlMs, () =>
@@ -205,6 +232,7 @@ export class SessionTable {
 
   /** A session has ended (Session.end): its token, its place in the table and any queued work go. */
   private ended(s: Session, why: string): void {
+    this.releases.get(s)?.();
     this.tokens.delete(s.token);
     if (this.waiting.release(s)) {
       // never reached by a worker: take the work back (a resumption queued none)

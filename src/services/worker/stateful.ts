@@ -205,6 +205,11 @@ export class StatefulSession {
             m.respond("the reconnect request is not a work message");
             return;
           }
+          // a session is its caller's account's (issue 19): another account's key is refused
+          if (ask.ncaId !== this.req.ncaId) {
+            m.respond(`session ${this.req.requestId} belongs to another account`);
+            return;
+          }
           const fid = ask.requestHeaders.find((h) => h.key === "function-id")?.value;
           if (fid !== this.deps.cfg.functionId) {
             m.respond(`session ${this.req.requestId} serves another function`);

@@ -247,7 +247,11 @@ test(
     // the same without gRPC: the mapped HTTP status and a plain-text message
     const s = h2connect(`http://${target}`);
     t.after(() => s.destroy());
-    const req = s.request({ ":method": "POST", ":path": "/x", "content-type": "application/json" });
+    const req = s.request({
+      ":method": "POST",
+      ":path": "/callplane.examples.Echo/Unary",
+      "content-type": "application/json",
+    });
     req.end("{}");
     const [code, body] = await new Promise<[number, string]>((resolve) => {
       let b = "";
