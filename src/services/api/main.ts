@@ -125,6 +125,7 @@ runService("api", async (config, logger) => {
     secrets,
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
+    allowLocalCommand: config.compute.local.allowCommand,
     workerTrust: {
       region: config.global.region,
       queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },

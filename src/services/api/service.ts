@@ -41,6 +41,8 @@ export interface ApiServiceOptions {
   /** Work queues, worker NATS credentials, worker identity, the NATS auth webhook. */
   workerTrust: WorkerTrustOptions;
   ncaId?: string;
+  /** compute.local.allowCommand; off (the image local/command is refused) unless given. */
+  allowLocalCommand?: boolean;
   logger?: Logger;
   registry?: Registry;
 }
@@ -72,6 +74,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     maxBodyBytes: opts.maxBodyBytes ?? 1024 * 1024,
     ncaId: opts.ncaId ?? "callplane",
     adminIssuer: opts.adminIssuer,
+    allowLocalCommand: opts.allowLocalCommand ?? false,
   };
 
   const router = new Router();

@@ -13,6 +13,7 @@ import type { SecretValue } from "../secrets/store.js";
 import { NameTakenError, type FunctionSpec, type FunctionVersionRecord } from "../store/types.js";
 import { readJsonBody, readSensitiveJsonBody, secretStore, type ApiDeps } from "./deps.js";
 import { versionDto, versionDtos } from "./dto.js";
+import { checkImageAllowed } from "./images.js";
 import { checkUuid, loadVersion } from "./load.js";
 import { checkVersionLimit } from "./secrets.js";
 
@@ -76,6 +77,7 @@ async function createFunction(deps: ApiDeps, { req, res }: RequestContext): Prom
   await deps.auth.authorize(req, "register_function");
   const body = parseBody(createFunctionSchema, await readSensitiveJsonBody(deps, req));
   if (body.secrets?.length) secretStore(deps);
+  checkImageAllowed(deps, body);
   if (await store.getFunctionByName(body.name)) {
     throw new CallplaneError(
       "FUNCTION_NAME_TAKEN",
@@ -111,6 +113,7 @@ async function createVersion(deps: ApiDeps, { req, res, params }: RequestContext
   checkUuid(params.fid, "FUNCTION_NOT_FOUND", "function id");
   const body = parseBody(createFunctionSchema, await readSensitiveJsonBody(deps, req));
   if (body.secrets?.length) secretStore(deps);
+  checkImageAllowed(deps, body);
   const existing = await store.listVersions(params.fid);
   if (existing.length === 0)
     throw new CallplaneError("FUNCTION_NOT_FOUND", `no function with id ${params.fid}`);
@@ -182,6 +185,7 @@ async function updateVersion(deps: ApiDeps, { req, res, params }: RequestContext
   // a health check that followed the inference port keeps following it
   else if (rest.inferencePort !== undefined && v.spec.health.port === v.spec.inferencePort)
     spec.health = { ...spec.health, port: rest.inferencePort };
+  checkImageAllowed(deps, spec);
   await deps.store.updateVersion(v.functionId, v.versionId, spec);
   sendJson(res, 200, { function: await versionDto(deps, { ...v, spec }) });
 }
