@@ -1,6 +1,7 @@
 // The local backend (see local.ts): each instance gets its own address in compute.instanceNetwork,
-// its function's secrets from the API in a folder of its own under the agent's secrets root, and a
-// worker identity from the identity provider.
+// its function's secrets from the API in a folder of its own under the agent's secrets root, its
+// own working and output folders (instance-folders.ts), and a worker identity from the identity
+// provider; its inference server runs as the user compute.local.runAs names (instance-user.ts).
 import { removeTreeSync } from "../../lib/fs.js";
 import type { Logger } from "../../lib/log.js";
 import { cidrHost, parseCidr, type Cidr } from "../../lib/net/index.js";
