@@ -12,7 +12,8 @@ export const LOCAL_COMMAND_IMAGE = "local/command";
 const CODE_LOADING_ENV = /^(NODE_OPTIONS|NODE_PATH|NODE_REPL_EXTERNAL_MODULE|LD_.*|DYLD_.*)$/;
 
 export function loadsCode(envName: string): boolean {
-  return CODE_LOADING_ENV.test(envName);
+  // a name with "=" in it (which the API refuses) sets the variable before the "=" (KEY=x=value)
+  return CODE_LOADING_ENV.test(envName.split("=", 1)[0]);
 }
 
 export interface LocalImageRefusal {

@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import {
   chmodSync,
+  chownSync,
   existsSync,
   mkdirSync,
   mkdtempSync,
@@ -27,6 +28,7 @@ import {
   programFilesProblem,
   resolveInstanceUser,
 } from "../../../src/services/compute/instance-user.js";
+import { OutputSlot } from "../../../src/services/worker/output-slot.js";
 import { ProgressReport } from "../../../src/services/worker/progress.js";
 import { silentLogger } from "../../../src/lib/log.js";
 import { waitFor } from "../../testkit/client.js";
@@ -316,3 +318,34 @@ test("the worker never reads an instance's progress file through a link (its fol
   assert.equal(report.unreported, false, "a link is not followed");
   assert.doesNotMatch(report.message().toString(), /key material/);
 });
+
+test(
+  "the worker empties an output folder of the server's user with that user's rights only",
+  { skip: isRoot ? false : "needs root" },
+  async (t) => {
+    const user = resolveInstanceUser("");
+    const dir = mkdtempSync(join(tmpdir(), "callplane-sandbox-slot-"));
+    t.after(() => rmSync(dir, { recursive: true, force: true }));
+    chmodSync(dir, 0o711);
+    const keys = join(dir, "keys");
+    mkdirSync(keys, { mode: 0o700 });
+    writeFileSync(join(keys, "admin.key.pem"), "the stack's key", { mode: 0o600 });
+    const out = join(dir, "slot-0");
+    mkdirSync(out, { mode: 0o700 });
+    chownSync(out, user.uid, user.gid);
+    const slot = await OutputSlot.create(out);
+    t.after(() => slot.close());
+    // what a server leaves: its own files, and links into the stack's folder
+    const own = join(out, "large-output");
+    mkdirSync(own);
+    writeFileSync(join(own, "part-1"), "x");
+    chownSync(own, user.uid, user.gid);
+    chownSync(join(own, "part-1"), user.uid, user.gid);
+    symlinkSync(keys, join(out, "to-keys"));
+    await waitFor("the slot noticed the writes", async () => {
+      await slot.reset();
+      return !existsSync(own) && !existsSync(join(out, "to-keys"));
+    });
+    assert.equal(readFileSync(join(keys, "admin.key.pem"), "utf8"), "the stack's key");
+  },
+);
