@@ -2,13 +2,13 @@
 // later parts land) invocation replicas, the compute agent and the demo. Each service runs as its
 // own process on its own loopback address, logs to <data>/logs/<service>.log, and is supervised:
 // restarted with backoff if it dies, stopped (drain, then kill) with the stack.
-import { existsSync, readFileSync, rmSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ensureAdminKeyPair, ensureServiceTokens } from "../lib/identity/index.js";
-import { writeFileAtomic } from "../lib/fs.js";
+import { removeTreeSync, writeFileAtomic } from "../lib/fs.js";
 import { ensureCa, ensureServerCert, stackCertificates, TlsReloader } from "../lib/tls/index.js";
-import { ensureKeyringFile, secretsRoot } from "../lib/secrets/index.js";
+import { ensureKeyringFile, instancesRoot, secretsRoot } from "../lib/secrets/index.js";
 import type { Config } from "../lib/config/index.js";
 import { createLogger, silentLogger } from "../lib/log.js";
 import { createRegistry } from "../lib/metrics.js";
@@ -86,6 +86,10 @@ export class LocalStack {
 
   /** Refuses to start over a running stack; cleans up what a stack killed without stopping left behind. */
   claim(): void {
+    // the data folder holds the keys, the MEK, the database and the service tokens: no other user
+    // (function instances run as one) may even list it, whatever the modes of the files in it
+    mkdirSync(this.dataDir, { recursive: true, mode: 0o700 });
+    chmodSync(this.dataDir, 0o700);
     if (existsSync(this.pidFile)) {
       let prev: PidFile | undefined;
       try {
@@ -427,7 +431,7 @@ export class LocalStack {
   private removeInstanceSecrets(): void {
     try {
       const { config } = this.opts;
-      rmSync(secretsRoot(this.dataDir, config.compute.secrets.dir), { recursive: true, force: true });
+      removeTreeSync([secretsRoot(this.dataDir, config.compute.secrets.dir), instancesRoot(this.dataDir)]);
     } catch {
       // the next compute agent start removes what is left
     }

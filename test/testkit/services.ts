@@ -79,6 +79,8 @@ export interface StartApiOptions {
   queue?: { maxMessages?: number; maxMessageBytes?: number; ackWaitSeconds?: number; replicas?: number };
   /** A fixed port (a restarted API keeps its address); 0 by default. */
   port?: number;
+  /** compute.local.allowCommand: functions may have the image local/command (off by default). */
+  allowLocalCommand?: boolean;
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -135,6 +137,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     registry,
     ...(opts.logger ? { logger: opts.logger } : {}),
     ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
+    allowLocalCommand: opts.allowLocalCommand ?? false,
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

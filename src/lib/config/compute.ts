@@ -7,6 +7,16 @@ export const computeSection = section({
   backend: z.enum(["local"]).default("local"),
   podAnnotations: podAnnotations(),
   resources: resources("100m", "256Mi", "1Gi"),
+  local: section({
+    // off: a function could run any command line on the agent's machine (see docs/errors.md)
+    allowCommand: z.boolean().default(false),
+    // "": the system user callplane-fn when the agent runs as root, else the agent's own user
+    runAs: z
+      .string()
+      .regex(/^$|^[a-z_][a-z0-9_-]*[$]?$/i, "must be empty or a user name (letters, digits, _ and -)")
+      .max(32)
+      .default(""),
+  }),
   secrets: section({
     dir: z.string().default(""),
     env: z.boolean().default(false),

@@ -15,6 +15,9 @@ export interface ChildSpec {
   args: string[];
   env?: NodeJS.ProcessEnv;
   cwd?: string;
+  /** Runs it as this user and group (the supervisor must be root); its own otherwise. */
+  uid?: number;
+  gid?: number;
   /** stdout and stderr are appended here. */
   logFile: string;
   /** The child speaks the control channel (it is a callplane service). */
@@ -81,6 +84,8 @@ export class SupervisedChild extends EventEmitter {
     try {
       child = spawn(spec.command, spec.args, {
         cwd: spec.cwd,
+        ...(spec.uid !== undefined ? { uid: spec.uid } : {}),
+        ...(spec.gid !== undefined ? { gid: spec.gid } : {}),
         env: spec.env ?? process.env,
         stdio: spec.ipc ? ["ignore", fd, fd, "ipc"] : ["ignore", fd, fd],
         serialization: "json",

@@ -126,6 +126,7 @@ runService("api", async (config, logger) => {
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
     maxKeyLifetimeDays: config.apikeys.maxLifetimeDays,
+    allowLocalCommand: config.compute.local.allowCommand,
     workerTrust: {
       region: config.global.region,
       queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },

@@ -47,6 +47,8 @@ export interface ApiServiceOptions {
   ncaId?: string;
   /** The longest life a new API key may have, in days (apikeys.maxLifetimeDays; 365). */
   maxKeyLifetimeDays?: number;
+  /** compute.local.allowCommand; off (the image local/command is refused) unless given. */
+  allowLocalCommand?: boolean;
   logger?: Logger;
   registry?: Registry;
 }
@@ -79,6 +81,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     ncaId: opts.ncaId ?? "callplane",
     maxKeyLifetimeDays: opts.maxKeyLifetimeDays ?? 365,
     adminIssuer: opts.adminIssuer,
+    allowLocalCommand: opts.allowLocalCommand ?? false,
   };
 
   const router = new Router();

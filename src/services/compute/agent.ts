@@ -9,7 +9,8 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
 import { ComputeApiClient } from "./api-client.js";
-import type { InstanceEnvironment } from "./deployment.js";
+import { instancesRoot } from "../../lib/secrets/index.js";
+import type { BackendFilled, InstanceEnvironment } from "./deployment.js";
 import { identityProvider, type TokenSource } from "./identity.js";
 import { InstanceTable } from "./instance-table.js";
 import { LocalBackend } from "./local-backend.js";
@@ -24,7 +25,12 @@ export interface ComputeAgentOptions {
   instanceNetwork: string;
   syncIntervalMs: number;
   reporter: string;
-  instanceEnv: Omit<InstanceEnvironment, "identity" | "workerNatsEnv" | "secrets">;
+  instanceEnv: Omit<InstanceEnvironment, BackendFilled>;
+  /**
+   * compute.local: whether local/command may run (off unless given), and the user inference
+   * servers run as ("", the default: callplane-fn when the agent is root, else its own user).
+   */
+  local?: { allowCommand?: boolean; runAs?: string };
   /**
    * Where instances get their secrets (compute.secrets): each instance a folder under `root`.
    * Without it, instances get no secrets.
@@ -43,6 +49,8 @@ export function createComputeAgent(opts: ComputeAgentOptions) {
   const backend = new LocalBackend({
     instanceNetwork: opts.instanceNetwork,
     instanceEnv: opts.instanceEnv,
+    local: { allowCommand: opts.local?.allowCommand ?? false, runAs: opts.local?.runAs ?? "" },
+    instancesRoot: instancesRoot(opts.instanceEnv.dataDir),
     ...(opts.secrets ? { secrets: opts.secrets } : {}),
     // where each instance's identity comes from (the `api` source: the control-plane API signs it)
     identity: identityProvider(opts.tokenSource, { apiUrl: opts.apiUrl, serviceToken: opts.serviceToken }),

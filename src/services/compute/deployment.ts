@@ -3,7 +3,9 @@
 // (an example server of this repository, or the function's own command).
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { LOCAL_COMMAND_IMAGE, localImageRefusal } from "../../lib/local-images.js";
 import type { IdentityProvider } from "./identity.js";
+import type { InstanceUser } from "./instance-user.js";
 import type { InstanceSecretsConfig } from "./secrets.js";
 
 /** The root of the built tree (dist/), where the example servers and the worker agent are. */
@@ -69,15 +71,29 @@ export interface InstanceEnvironment {
   identity: IdentityProvider;
   /** What the API said workers get to reach NATS (NKEY_SEED or NVCF_NATS_ACCOUNT), at the last sync. */
   workerNatsEnv: () => Record<string, string>;
+  /** compute.local.allowCommand: whether local/command (any command line) may run. */
+  allowCommand: boolean;
+  /** The user inference servers run as (resolved when the agent starts). */
+  user: () => InstanceUser;
+  /** Where each instance gets its working and output folders (instance-folders.ts). */
+  instancesRoot: string;
 }
+
+/** What the agent's options leave to the backend to fill in. */
+export type BackendFilled =
+  "identity" | "workerNatsEnv" | "secrets" | "allowCommand" | "user" | "instancesRoot";
 
 /** The command that runs a function's inference server on the local backend, or why there is none. */
 export function inferenceCommand(
   d: DesiredDeployment,
   host: string,
+  allowCommand: boolean,
   secretsEnv: Record<string, string> = {},
 ): { command: string; args: string[]; env: Record<string, string> } | { error: string } {
   const image = d.spec.containerImage;
+  // the API refuses these too; a deployment that reached the agent some other way never runs
+  const refused = localImageRefusal(d.spec, allowCommand);
+  if (refused) return { error: `not started: ${refused.message}` };
   const env: Record<string, string> = { INFERENCE_HOST: host, INFERENCE_PORT: String(d.spec.inferencePort) };
   for (const { key, value } of d.spec.containerEnvironment) env[key] = value;
   // secrets (and where their file is) after the function's own environment: they win
@@ -100,7 +116,7 @@ export function inferenceCommand(
       env,
     };
   }
-  if (image === "local/command") {
+  if (image === LOCAL_COMMAND_IMAGE) {
     if (!d.spec.containerArgs?.trim())
       return { error: "containerImage local/command needs the command to run in containerArgs" };
     // exec, so that signals reach the server itself and not a shell around it

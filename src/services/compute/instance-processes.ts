@@ -9,6 +9,7 @@ import { request } from "undici";
 import type { InstanceStatus } from "../../lib/instance-status.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/process/index.js";
 import { distRoot, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
+import type { InstanceFolders } from "./instance-folders.js";
 
 /** The instance's status, as the processes read and set it. */
 export interface StatusReport {
@@ -45,19 +46,29 @@ export class InstanceProcesses {
   /** Starts both processes for the instance `instanceId` (its current id). */
   spawn(
     cmd: { command: string; args: string[]; env: Record<string, string> },
-    base: string,
+    folders: InstanceFolders,
     tokenFile: string,
     instanceId: string,
   ): void {
     const d = this.deployment;
     const logs = join(this.env.dataDir, "logs", "instances");
     const restart = { enabled: true, ...this.env.restart };
+    const user = this.env.user();
+    // the server gets nothing of the agent's: its own folders, its own user (when the agent is
+    // root), and no variable of the agent's environment but PATH; its log is a file descriptor
+    // the agent opened, so the log folder stays the agent's
     this.inference = new SupervisedChild({
       name: `${d.name}-${this.slot}-inference`,
       command: cmd.command,
       args: cmd.args,
-      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: process.env.HOME ?? "/", ...cmd.env },
-      cwd: process.cwd(),
+      env: {
+        PATH: process.env.PATH ?? "/usr/bin:/bin",
+        HOME: folders.home,
+        TMPDIR: folders.home,
+        ...cmd.env,
+      },
+      cwd: folders.home,
+      ...(user.switched ? { uid: user.uid, gid: user.gid } : {}),
       logFile: join(logs, `${d.name}-${this.slot}-inference.log`),
       ipc: false,
       restart,
@@ -92,7 +103,7 @@ export class InstanceProcesses {
         ...this.env.workerNatsEnv(),
         HEALTH_HOST: this.host,
         HEALTH_PORT: "8080",
-        BASE_RESPONSE_DIR: join(base, "responses"),
+        BASE_RESPONSE_DIR: folders.responses,
         NVCF_REGION: this.env.region,
         NVCF_SERVICE_DOMAIN: this.env.serviceDomain,
         CALLPLANE_KEEPALIVE_SECONDS: String(this.env.keepAliveSeconds),

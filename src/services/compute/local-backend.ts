@@ -1,20 +1,27 @@
 // The local backend (see local.ts): each instance gets its own address in compute.instanceNetwork,
-// its function's secrets from the API in a folder of its own under the agent's secrets root, and a
-// worker identity from the identity provider.
-import { rmSync } from "node:fs";
+// its function's secrets from the API in a folder of its own under the agent's secrets root, its
+// own working and output folders (instance-folders.ts), and a worker identity from the identity
+// provider; its inference server runs as the user compute.local.runAs names (instance-user.ts).
+import { removeTreeSync } from "../../lib/fs.js";
 import type { Logger } from "../../lib/log.js";
 import { cidrHost, parseCidr, type Cidr } from "../../lib/net/index.js";
 import type { ComputeApiClient } from "./api-client.js";
 import type { ComputeBackend, DeploymentSpec } from "./backend.js";
-import type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
+import type { BackendFilled, DesiredDeployment, InstanceEnvironment } from "./deployment.js";
 import type { IdentityProvider } from "./identity.js";
+import { passMode, prepareAgentRoot } from "./instance-folders.js";
+import { resolveInstanceUser, type InstanceUser } from "./instance-user.js";
 import { LocalInstance } from "./local.js";
 import { prepareSecretsRoot } from "./secrets.js";
 
 export interface LocalBackendOptions {
   /** compute.instanceNetwork: each instance's address is one of its hosts. */
   instanceNetwork: string;
-  instanceEnv: Omit<InstanceEnvironment, "identity" | "workerNatsEnv" | "secrets">;
+  instanceEnv: Omit<InstanceEnvironment, BackendFilled>;
+  /** compute.local: whether local/command may run, and the user servers run as ("": the default). */
+  local: { allowCommand: boolean; runAs: string };
+  /** Where instances' working and output folders go (instancesRoot() of the data folder). */
+  instancesRoot: string;
   /**
    * Where instances get their secrets (compute.secrets): each instance a folder under `root`.
    * Without it, instances get no secrets.
@@ -32,6 +39,7 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
   private readonly network: Cidr;
   private readonly instanceEnv: InstanceEnvironment;
   private workerNatsEnv: Record<string, string> = {};
+  private user: InstanceUser | undefined;
 
   constructor(private readonly opts: LocalBackendOptions) {
     this.network = parseCidr(opts.instanceNetwork);
@@ -40,6 +48,12 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
       ...opts.instanceEnv,
       identity: opts.identity,
       workerNatsEnv: () => this.workerNatsEnv,
+      allowCommand: opts.local.allowCommand,
+      user: () => {
+        if (!this.user) throw new Error("the local backend was not prepared");
+        return this.user;
+      },
+      instancesRoot: opts.instancesRoot,
       ...(opts.secrets
         ? {
             secrets: {
@@ -82,24 +96,47 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
     this.workerNatsEnv = env;
   }
 
+  /** Resolves the servers' user (creating the default one) and prepares the folders; throws what to fix. */
   prepare(): void {
+    const { logger, local } = this.opts;
+    const user = (this.user = resolveInstanceUser(local.runAs));
+    this.logUser(user);
+    const mode = passMode(user);
+    const left = prepareAgentRoot(this.opts.instancesRoot, mode, "");
+    if (left)
+      logger.info(
+        { folders: left, root: this.opts.instancesRoot },
+        "removed instance folders left by an earlier run",
+      );
     const secrets = this.opts.secrets;
     if (!secrets) return;
-    const n = prepareSecretsRoot(secrets.root);
-    if (n)
-      this.opts.logger.info(
-        { folders: n, root: secrets.root },
-        "removed secrets folders left by an earlier run",
+    const n = prepareSecretsRoot(secrets.root, mode);
+    if (n) logger.info({ folders: n, root: secrets.root }, "removed secrets folders left by an earlier run");
+  }
+
+  /** Says once, at start, what keeps function instances from the stack's keys on this machine. */
+  private logUser(user: InstanceUser): void {
+    const { logger, local } = this.opts;
+    const at = { user: user.name, uid: user.uid, allowCommand: local.allowCommand };
+    if (user.switched)
+      logger.info(
+        at,
+        `function instances run as the user ${user.name}, which cannot read the stack's data folder`,
+      );
+    else if (local.allowCommand)
+      logger.warn(
+        at,
+        "the compute agent does not run as root, so function instances run as its own user and can read everything it can, the stack's keys, MEK and database included; with compute.local.allowCommand on, any function's command can. Turn it off, or run the stack as root (instances then run as an unprivileged user)",
+      );
+    else
+      logger.info(
+        at,
+        "function instances run as the compute agent's own user (it is not root); only the built-in images run (compute.local.allowCommand is off)",
       );
   }
 
-  /** The agent's own secrets folder (stack-<hash>) goes with it; each instance removed its own. */
+  /** The agent's own folders (stack-<hash>) go with it; each instance removed its own. */
   dispose(): void {
-    if (!this.opts.secrets) return;
-    try {
-      rmSync(this.opts.secrets.root, { recursive: true, force: true });
-    } catch {
-      // removed at the next start
-    }
+    removeTreeSync([this.opts.instancesRoot, ...(this.opts.secrets ? [this.opts.secrets.root] : [])]);
   }
 }

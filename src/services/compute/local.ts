@@ -13,8 +13,15 @@ import type { Logger } from "../../lib/log.js";
 import type { InstanceStatus } from "../../lib/instance-status.js";
 import { InstanceSecrets } from "./secrets.js";
 import { InstanceIdentity } from "./identity.js";
-import { inferenceCommand, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
+import {
+  distRoot,
+  inferenceCommand,
+  type DesiredDeployment,
+  type InstanceEnvironment,
+} from "./deployment.js";
+import { InstanceFolders } from "./instance-folders.js";
 import { InstanceProcesses } from "./instance-processes.js";
+import { programFilesProblem } from "./instance-user.js";
 import type { ComputeInstance } from "./backend.js";
 
 // the types a caller of LocalInstance names, where it has always found them
@@ -35,6 +42,7 @@ export class LocalInstance implements ComputeInstance {
   private refreshing: Promise<void> | undefined;
   private wantedRevision = 0;
   private identity: InstanceIdentity | undefined;
+  private folders: InstanceFolders | undefined;
   private starting: AbortController | undefined;
   private readonly processes: InstanceProcesses;
 
@@ -82,7 +90,7 @@ export class LocalInstance implements ComputeInstance {
   private async prepareSecrets(): Promise<Record<string, string>> {
     const cfg = this.env.secrets;
     if (!cfg) return {};
-    const s = new InstanceSecrets(cfg, this.instanceId);
+    const s = new InstanceSecrets(cfg, this.instanceId, this.env.user());
     this.secrets = s;
     this.wantedRevision = this.deployment.secretsRevision ?? 0;
     let delay = 500;
@@ -153,9 +161,14 @@ export class LocalInstance implements ComputeInstance {
   }
 
   start(): void {
-    const check = inferenceCommand(this.deployment, this.host);
+    const check = inferenceCommand(this.deployment, this.host, this.env.allowCommand);
     if ("error" in check) {
       this.set("ERRORED", check.error);
+      return;
+    }
+    const unreadable = programFilesProblem(this.env.user(), distRoot);
+    if (unreadable) {
+      this.set("ERRORED", unreadable);
       return;
     }
     void this.prepareSecrets()
@@ -169,7 +182,7 @@ export class LocalInstance implements ComputeInstance {
 
   private launch(secretsEnv: Record<string, string>): void {
     const d = this.deployment;
-    const cmd = inferenceCommand(d, this.host, secretsEnv);
+    const cmd = inferenceCommand(d, this.host, this.env.allowCommand, secretsEnv);
     if ("error" in cmd) {
       this.set("ERRORED", cmd.error);
       return;
@@ -189,6 +202,15 @@ export class LocalInstance implements ComputeInstance {
   ): Promise<void> {
     const d = this.deployment;
     const base = join(this.env.dataDir, "instances", `${d.name}-${this.slot}`);
+    // the server's own folders, outside the data folder
+    const folders = new InstanceFolders(this.env.instancesRoot, this.instanceId, this.env.user());
+    try {
+      this.folders = folders;
+      folders.create(d.specs[0].maxRequestConcurrency);
+    } catch (err) {
+      this.set("ERRORED", `cannot make the instance's folders in ${folders.dir}: ${(err as Error).message}`);
+      return;
+    }
     let delay = this.env.restart.initialMs;
     while (!signal.aborted) {
       const identity = new InstanceIdentity(
@@ -209,7 +231,7 @@ export class LocalInstance implements ComputeInstance {
           return;
         }
         this.identity = identity;
-        this.processes.spawn(cmd, base, identity.tokenFile, this.instanceId);
+        this.processes.spawn(cmd, folders, identity.tokenFile, this.instanceId);
         return;
       } catch (err) {
         this.identity = undefined;
@@ -234,6 +256,7 @@ export class LocalInstance implements ComputeInstance {
     await this.processes.stop(this.env.stopGraceMs);
     await this.refreshing;
     this.secrets?.remove();
+    this.folders?.remove();
     await this.identity?.cleanup();
     this.set("TERMINATED");
   }
@@ -250,6 +273,7 @@ export class LocalInstance implements ComputeInstance {
     this.processes.killNow();
     try {
       this.secrets?.remove();
+      this.folders?.remove();
     } catch {
       // the agent is going away; removeLeftovers() cleans up at its next start
     }

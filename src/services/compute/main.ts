@@ -66,6 +66,7 @@ runService(
         env: config.compute.secrets.env,
       },
       tokenSource: tokenSource(config.compute.workerIdentity.tokenSource),
+      local: config.compute.local,
       logger,
     });
     // Fix: an agent that dies (an uncaught error, a second stop signal) left its inference servers

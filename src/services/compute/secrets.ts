@@ -2,14 +2,20 @@
 // an inference container: one JSON file, `secrets.json`, mapping each secret's name to its value
 // (a string, or the JSON object it was stored as), in a folder of its own. Upstream mounts that
 // folder at /var/secrets from an in-memory volume; here each instance gets a folder under a tmpfs
-// (/dev/shm) outside the data folder, mode 0700 with the file 0600, named to the inference server
+// (/dev/shm) outside the data folder, mode 0700 with the file 0600 (both owned by the user the
+// server runs as: instance-user.ts), named to the inference server
 // as SECRETS_PATH (the file; the variable NVIDIA's secrets sample reads) and SECRETS_DIR (the
 // folder). Optionally (compute.secrets.env) secrets whose names are environment variable names
 // are also set in its environment. The file is rewritten (atomically: a reader sees the old or
 // the new one) when a secret of the version changes; environment variables keep the values the
 // process started with. The folder is removed when the instance stops.
-import { chmodSync, lstatSync, mkdirSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { randomBytes } from "node:crypto";
+import { closeSync, fchownSync, openSync, renameSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import { removeTreeSync } from "../../lib/fs.js";
+import { loadsCode } from "../../lib/local-images.js";
+import { prepareAgentRoot, serverFolder } from "./instance-folders.js";
+import type { InstanceUser } from "./instance-user.js";
 
 export { secretsRoot } from "../../lib/secrets/index.js";
 
@@ -29,32 +35,17 @@ export interface InstanceSecretsConfig {
 }
 
 /**
- * Creates the root (mode 0700) and checks that it and its parent are real folders of this user,
- * not links someone else placed in a shared tmpfs. Then, since no instance of this agent runs yet,
- * removes every folder under the root: leftovers of a run that was killed. Returns how many.
+ * Creates the root (mode 0700, or 0711 when instances run as another user, who must reach its own
+ * folder in it) and removes what an earlier run left there (instance-folders.ts). Returns how many.
  */
-export function prepareSecretsRoot(root: string): number {
-  mkdirSync(root, { recursive: true, mode: 0o700 });
-  const uid = typeof process.getuid === "function" ? process.getuid() : undefined;
-  for (const d of [dirname(root), root]) {
-    const st = lstatSync(d);
-    if (!st.isDirectory() || (uid !== undefined && st.uid !== uid))
-      throw new Error(
-        `${d} is not a folder of this user (a link, or owned by uid ${st.uid}); instances' secrets will not be written there. Remove it, or set compute.secrets.dir`,
-      );
-    chmodSync(d, 0o700);
-  }
-  let n = 0;
-  for (const e of readdirSync(root)) {
-    rmSync(join(root, e), { recursive: true, force: true });
-    n++;
-  }
-  return n;
+export function prepareSecretsRoot(root: string, mode = 0o700): number {
+  return prepareAgentRoot(root, mode, "compute.secrets.dir");
 }
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 // what the worker and the server's own configuration rely on is never overwritten by a secret
-const RESERVED = /^(INFERENCE_|NVCF_|SECRETS_(PATH|DIR)$|PATH$|HOME$)/;
+// (nor, by a secret named NODE_OPTIONS or LD_PRELOAD, made to load code: lib/local-images.ts)
+const RESERVED = /^(INFERENCE_|NVCF_|SECRETS_(PATH|DIR)$|PATH$|HOME$|TMPDIR$)/;
 
 export class InstanceSecrets {
   readonly dir: string;
@@ -65,16 +56,24 @@ export class InstanceSecrets {
   constructor(
     private readonly cfg: InstanceSecretsConfig,
     instanceId: string,
+    private readonly user: InstanceUser,
   ) {
     this.dir = join(cfg.root, instanceId);
     this.file = join(this.dir, "secrets.json");
   }
 
   write(s: Pick<FetchedSecrets, "revision" | "values">): void {
-    mkdirSync(this.dir, { recursive: true, mode: 0o700 });
-    chmodSync(this.dir, 0o700);
-    const tmp = join(this.dir, `.secrets.${process.pid}.tmp`);
-    writeFileSync(tmp, JSON.stringify(s.values), { mode: 0o600 });
+    // the folder is the server's (it may list it); a file is made anew (O_EXCL: never through a
+    // link the server placed under that name) and renamed over the old one
+    serverFolder(this.dir, this.user);
+    const tmp = join(this.dir, `.secrets.${randomBytes(8).toString("hex")}.tmp`);
+    const fd = openSync(tmp, "wx", 0o600);
+    try {
+      if (this.user.switched) fchownSync(fd, this.user.uid, this.user.gid);
+      writeSync(fd, JSON.stringify(s.values));
+    } finally {
+      closeSync(fd);
+    }
     renameSync(tmp, this.file);
     if (this.revision < 0) this.startValues = s.values;
     this.revision = s.revision;
@@ -85,7 +84,7 @@ export class InstanceSecrets {
     const env: Record<string, string> = { SECRETS_DIR: this.dir, SECRETS_PATH: this.file };
     if (this.cfg.env) {
       for (const [name, value] of Object.entries(this.startValues)) {
-        if (!ENV_NAME.test(name) || RESERVED.test(name)) continue;
+        if (!ENV_NAME.test(name) || RESERVED.test(name) || loadsCode(name)) continue;
         env[name] = typeof value === "string" ? value : JSON.stringify(value);
       }
     }
@@ -93,6 +92,6 @@ export class InstanceSecrets {
   }
 
   remove(): void {
-    rmSync(this.dir, { recursive: true, force: true });
+    removeTreeSync([this.dir]);
   }
 }

@@ -3,8 +3,9 @@
 // removing a folder per request cost a fifth of the worker's CPU), a progress file is noticed as
 // soon as it is written, and a folder is emptied only when something was written into it.
 import { watch, type FSWatcher } from "node:fs";
-import { mkdir, readdir, rm } from "node:fs/promises";
+import { lstat, mkdir, readdir, rm } from "node:fs/promises";
 import { join } from "node:path";
+import { removeTree } from "../../lib/fs.js";
 
 export class OutputSlot {
   private dirty = true;
@@ -38,8 +39,12 @@ export class OutputSlot {
   async reset(): Promise<void> {
     this.onChange = undefined;
     if (!this.dirty && this.watcher) return;
-    const entries = await readdir(this.dir);
-    await Promise.all(entries.map((e) => rm(join(this.dir, e), { recursive: true, force: true })));
+    const entries = (await readdir(this.dir)).map((e) => join(this.dir, e));
+    // a folder of another user's (the compute agent gives it to the inference server's user) is
+    // emptied with that user's rights only, so that a link swapped in leads nowhere it could not go
+    const owner = await lstat(this.dir);
+    if (owner.uid !== process.getuid?.()) await removeTree(entries, { uid: owner.uid, gid: owner.gid });
+    else await Promise.all(entries.map((e) => rm(e, { recursive: true, force: true })));
     this.dirty = false;
   }
 

@@ -1,7 +1,8 @@
 // The progress of one request in NVCF's compatibility mode: the inference server may write a
 // `progress` file (percentage and partial response) into its output folder; each new version is
 // read once and reported to the client in the next 202.
-import { readFile, stat } from "node:fs/promises";
+import { constants } from "node:fs";
+import { lstat, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { serializeResponseHead } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
@@ -22,14 +23,22 @@ export class ProgressReport {
     const file = join(dir, "progress");
     let mtime: number;
     try {
-      mtime = (await stat(file)).mtimeMs;
+      const st = await lstat(file);
+      if (!st.isFile()) return;
+      mtime = st.mtimeMs;
     } catch {
       return;
     }
     if (mtime <= this.mtime) return;
     this.mtime = mtime;
     try {
-      const p = JSON.parse(await readFile(file, "utf8")) as {
+      // the folder is the inference server's (it may run as another, less trusted user): never
+      // read through a link it put there to a file only this worker may read
+      const text = await readFile(file, {
+        encoding: "utf8",
+        flag: constants.O_RDONLY | constants.O_NOFOLLOW,
+      });
+      const p = JSON.parse(text) as {
         id?: string;
         progress?: number;
         partialResponse?: unknown;

@@ -5,7 +5,7 @@
 // (127.0.0.1:8080..., 127.0.3.x) nor test/stack.test.ts (127.0.40-42.x).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { jetstreamManager } from "@nats-io/jetstream";
@@ -95,6 +95,8 @@ test("compute agent, local backend (in process)", async (t) => {
     nats,
     region: "local",
     queue: { maxMessages: 1000, maxMessageBytes: 1024 * 1024 },
+    // the local/command tests below (test/integration/security/sandbox.test.ts: what it may reach)
+    allowLocalCommand: true,
   });
   const admin = await api.adminToken();
   const dataDir = tmpDir(ctx, "callplane-compute-");
@@ -123,6 +125,7 @@ test("compute agent, local backend (in process)", async (t) => {
       natsCaPem: nats.pki.ca.certPem,
     },
     tokenSource: "api",
+    local: { allowCommand: true },
   });
   // the safety net when a subtest failed midway (the last subtest closes the agent)
   ctx.after(() => agent.destroy());
@@ -294,7 +297,10 @@ test("compute agent, local backend (in process)", async (t) => {
 
   await t.test("a new deployment never takes the address of an instance still stopping", async () => {
     // an inference server that takes 1.5 s to stop after SIGTERM, so that its address stays busy
-    const script = join(dataDir, "slow-stop.mjs");
+    // (in a folder its user can read: servers do not run as the test's user when that is root)
+    const scripts = tmpDir(ctx, "callplane-compute-scripts-");
+    chmodSync(scripts, 0o755);
+    const script = join(scripts, "slow-stop.mjs");
     writeFileSync(
       script,
       [

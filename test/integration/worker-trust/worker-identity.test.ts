@@ -12,6 +12,7 @@ import { decodeJwt } from "jose";
 import { createLogger } from "../../../src/lib/log.js";
 import { createComputeAgent } from "../../../src/services/compute/agent.js";
 import { apiIdentityProvider, tokenSource } from "../../../src/services/compute/identity.js";
+import { resolveInstanceUser } from "../../../src/services/compute/instance-user.js";
 import { LocalInstance, type DesiredDeployment } from "../../../src/services/compute/local.js";
 import { waitFor } from "../../testkit/client.js";
 import { call, tmpDir } from "../../testkit/index.js";
@@ -174,12 +175,20 @@ test("provisioning is transactional: no identity starts nothing; a failure after
   const d = await plane.api.store.getDeployment(plane.fn.functionId, plane.fn.versionId);
   const dataDir = tmpDir(ctx, "callplane-identity-tx-");
   const changes: Array<{ status: string; instanceId: string; message: string | undefined }> = [];
+  const user = resolveInstanceUser("");
   const make = (identity: ReturnType<typeof apiIdentityProvider>, slot: number) => {
     const i = new LocalInstance(
       desired(plane, d!.deploymentId),
       slot,
       `127.0.33.${slot}`,
-      { ...instanceEnv(plane, dataDir), identity, workerNatsEnv: () => ({ NVCF_NATS_ACCOUNT: "APP" }) },
+      {
+        ...instanceEnv(plane, dataDir),
+        identity,
+        workerNatsEnv: () => ({ NVCF_NATS_ACCOUNT: "APP" }),
+        allowCommand: false,
+        user: () => user,
+        instancesRoot: join(dataDir, "run"),
+      },
       createLogger("compute", { destination: join(dataDir, "compute.log"), sync: true }),
       () => changes.push({ status: i.status, instanceId: i.instanceId, message: i.message }),
     );

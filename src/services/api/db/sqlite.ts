@@ -1,6 +1,6 @@
 // Runs Steps (steps.ts) on a better-sqlite3 database, synchronously; and opens the API's database
 // file the way every part of the data layer wants it.
-import { mkdirSync } from "node:fs";
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from "node:fs";
 import { dirname } from "node:path";
 import Database from "better-sqlite3";
 import { SQLITE } from "./dialect.js";
@@ -47,7 +47,13 @@ export class SqliteRunner implements SqlRunner {
 
 /** Opens (creating its folder) the SQLite file the store, the secret storage and the identities share. */
 export function openSqliteFile(path: string): Database.Database {
-  if (path !== ":memory:") mkdirSync(dirname(path), { recursive: true });
+  if (path !== ":memory:") {
+    mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+    // SQLite makes the file (and its -wal and -shm beside it, which take the file's mode) 0644:
+    // it holds API key hashes and wrapped secret keys, so it is the stack user's alone
+    for (const f of [path, `${path}-wal`, `${path}-shm`]) if (existsSync(f)) chmodSync(f, 0o600);
+    if (!existsSync(path)) closeSync(openSync(path, "a", 0o600));
+  }
   const db = new Database(path);
   db.pragma("journal_mode = WAL");
   db.pragma("foreign_keys = ON");

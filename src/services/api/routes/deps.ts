@@ -25,6 +25,8 @@ export interface ApiDeps {
   maxKeyLifetimeDays: number;
   /** What `GET /v1/info` says about the issuer (adminIssuerProxy.enabled, .gateway.enabled). */
   adminIssuer: { enabled: boolean; gatewayEnabled: boolean } | undefined;
+  /** compute.local.allowCommand: whether functions may have the image local/command. */
+  allowLocalCommand: boolean;
 }
 
 /** The secret store, or UNAVAILABLE (503) when this API runs without one. */

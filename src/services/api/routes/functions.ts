@@ -13,6 +13,7 @@ import type { SecretValue } from "../secrets/store.js";
 import { NameTakenError, type FunctionSpec, type FunctionVersionRecord } from "../store/types.js";
 import { readJsonBody, readSensitiveJsonBody, secretStore, type ApiDeps } from "./deps.js";
 import { versionDto, versionDtos } from "./dto.js";
+import { checkImageAllowed } from "./images.js";
 import { checkVersionLimit } from "./secrets.js";
 
 export function addFunctionRoutes(router: Router, deps: ApiDeps): void {
@@ -75,6 +76,7 @@ async function createFunction(deps: ApiDeps, { req, res }: RequestContext): Prom
   const reach = await deps.auth.caller(req, "register_function");
   const body = parseBody(createFunctionSchema, await readSensitiveJsonBody(deps, req));
   if (body.secrets?.length) secretStore(deps);
+  checkImageAllowed(deps, body);
   // (names are unique across the whole plane, not per account: docs/operations.md)
   if (await store.getFunctionByName(body.name)) {
     throw new CallplaneError(
@@ -111,6 +113,7 @@ async function createVersion(deps: ApiDeps, { req, res, params }: RequestContext
   const existing = await reach.functionVersions("register_function", params.fid);
   const body = parseBody(createFunctionSchema, await readSensitiveJsonBody(deps, req));
   if (body.secrets?.length) secretStore(deps);
+  checkImageAllowed(deps, body);
   if (existing[0].name !== body.name) {
     throw new CallplaneError(
       "VALIDATION_FAILED",
@@ -178,6 +181,7 @@ async function updateVersion(deps: ApiDeps, { req, res, params }: RequestContext
   // a health check that followed the inference port keeps following it
   else if (rest.inferencePort !== undefined && v.spec.health.port === v.spec.inferencePort)
     spec.health = { ...spec.health, port: rest.inferencePort };
+  checkImageAllowed(deps, spec);
   await deps.store.updateVersion(v.functionId, v.versionId, spec);
   sendJson(res, 200, { function: await versionDto(deps, { ...v, spec }) });
 }
