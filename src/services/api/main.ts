@@ -125,6 +125,7 @@ runService("api", async (config, logger) => {
     secrets,
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
+    hosts: config.global.hosts,
     workerTrust: {
       region: config.global.region,
       queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },
