@@ -80,6 +80,8 @@ export interface StartApiOptions {
   queue?: { maxMessages?: number; maxMessageBytes?: number; ackWaitSeconds?: number; replicas?: number };
   /** A fixed port (a restarted API keeps its address); 0 by default. */
   port?: number;
+  /** Host names served besides IP literals and localhost (global.hosts); unset: any Host. */
+  hosts?: string[];
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -136,6 +138,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     registry,
     ...(opts.logger ? { logger: opts.logger } : {}),
     ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
+    ...(opts.hosts ? { hosts: opts.hosts } : {}),
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

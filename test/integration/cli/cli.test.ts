@@ -28,6 +28,7 @@ const CLEAN_ENV: NodeJS.ProcessEnv = {
   CALLPLANE_API_KEY: undefined,
   CALLPLANE_CLI_CONFIG: undefined,
   CALLPLANE__GLOBAL__DATA_DIR: undefined,
+  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
 };
 
 interface Cli {
