@@ -60,6 +60,14 @@ export function reportSaved(
   }
 }
 
+function issuerTurnedOff(s: Settings): CliError {
+  return new CliError(
+    `the admin token issuer is turned off (the API at ${s.apiUrl().value} says adminIssuerProxy.enabled is false), so there is no token to fetch`,
+    "ISSUER_DISABLED",
+    { hint: supplyTokenHint(s) },
+  );
+}
+
 /** The operator credential the issuer asks for, read from its file; a clear error when it cannot be. */
 export function readOperatorCredential(s: Settings, flag: string | undefined, issuer: Sourced): string {
   const file = s.operatorCredentialFile(flag, issuer);
@@ -123,7 +131,15 @@ the CLI config file, or \`callplane admin token --signing-key <file> --save\` (o
         });
       }
       const service: Service = { label: "the admin token issuer", code: "ISSUER", url: issuer };
-      const credential = readOperatorCredential(s, opts.operatorCredential, issuer);
+      let credential: string;
+      try {
+        credential = readOperatorCredential(s, opts.operatorCredential, issuer);
+      } catch (err) {
+        // no credential here: perhaps because there is no issuer at all, which the API knows
+        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false)
+          throw issuerTurnedOff(s);
+        throw err;
+      }
       let res: Response;
       try {
         res = await send(service, "/v1/admin/keys", {
@@ -134,13 +150,8 @@ the CLI config file, or \`callplane admin token --signing-key <file> --save\` (o
         });
       } catch (err) {
         // nothing answers at the issuer's address: perhaps because it is turned off, which the API knows
-        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false) {
-          throw new CliError(
-            `the admin token issuer is turned off (the API at ${s.apiUrl().value} says adminIssuerProxy.enabled is false), so there is no token to fetch`,
-            "ISSUER_DISABLED",
-            { hint: supplyTokenHint(s) },
-          );
-        }
+        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false)
+          throw issuerTurnedOff(s);
         // the hint already says how to start the stack or check the URL; add the way around the issuer
         throw err instanceof CliError ? err.withHint(`${err.hint}; or ${supplyTokenHint(s)}`) : err;
       }
