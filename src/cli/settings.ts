@@ -5,9 +5,12 @@
 //   token:    CALLPLANE_TOKEN, then `token:` in the CLI config file, then the state file (`init`).
 //   API key:  --api-key, then CALLPLANE_API_KEY, then `apiKey:` in the config file, then the stack's
 //             demo key in stack.json.
+//   operator credential (init): --operator-credential, then CALLPLANE_OPERATOR_CREDENTIAL_FILE, then
+//             (for an issuer on loopback only) issuerCredentialFile in stack.json, then
+//             <the folder of stack.json>/keys/issuer-operator.secret.
 import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
-import { isAbsolute, join, resolve } from "node:path";
+import { dirname, isAbsolute, join, resolve } from "node:path";
 import type { Command } from "commander";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
@@ -48,6 +51,7 @@ export type CliConfig = z.infer<typeof cliConfigSchema>;
 const stackFileSchema = z.looseObject({
   api: z.string(),
   issuer: z.string().optional(),
+  issuerCredentialFile: z.string().optional(),
   nats: z.string().optional(),
   invocation: z.array(z.string()).default([]),
   grpc: z.array(z.string()).default([]),
@@ -89,6 +93,14 @@ function safeUrl(s: string): URL | undefined {
   } catch {
     return undefined;
   }
+}
+
+function isLoopbackUrl(url: string): boolean {
+  const h = safeUrl(url)
+    ?.hostname.replace(/^\[|\]$/g, "")
+    .toLowerCase();
+  if (h === undefined) return false;
+  return h === "localhost" || h.endsWith(".localhost") || /^127\./.test(h) || h === "::1";
 }
 
 function env(name: string): string | undefined {
@@ -272,6 +284,29 @@ export class Settings {
       };
     }
     return { value: DEFAULT_ISSUER_URL, from: "the default" };
+  }
+
+  /**
+   * The file holding the admin issuer's operator credential. The local stack's file is offered only
+   * to an issuer on this machine (a loopback URL): never sent to an issuer elsewhere unasked.
+   */
+  operatorCredentialFile(flag: string | undefined, issuer: Sourced): Sourced | { missing: string } {
+    if (flag) return { value: resolve(flag), from: "--operator-credential" };
+    const e = env("CALLPLANE_OPERATOR_CREDENTIAL_FILE");
+    if (e) return { value: resolve(e), from: "CALLPLANE_OPERATOR_CREDENTIAL_FILE" };
+    if (!isLoopbackUrl(issuer.value))
+      return {
+        missing: `the admin token issuer at ${issuer.value} is not on this machine, so the local stack's operator credential is not offered to it`,
+      };
+    if (this.stack?.issuerCredentialFile)
+      return {
+        value: resolve(this.stack.issuerCredentialFile),
+        from: this.fromStack("issuerCredentialFile"),
+      };
+    return {
+      value: join(dirname(this.stackFile), "keys", "issuer-operator.secret"),
+      from: `the local stack's folder (${tildify(dirname(this.stackFile))})`,
+    };
   }
 
   invocationUrl(flag: string | undefined): Sourced | undefined {

@@ -58,6 +58,22 @@ function prune(doc: RawDocument): void {
   }
 }
 
+/**
+ * The Host names the pods serve (global.hosts): the operator's own, the Services' names as the
+ * plane's parts call them (`*.<serviceDomain>`, and the short forms cluster DNS answers inside the
+ * namespace: `api`, `api.<namespace>`, `api.<namespace>.svc`), and the Gateway's names when it is
+ * on (it passes the client's Host through). Any other name is refused (HOST_NOT_SERVED).
+ */
+export function clusterHosts(config: Config, names: ClusterNames): string[] {
+  const out = new Set<string>(config.global.hosts);
+  out.add(`*.${config.global.serviceDomain}`);
+  for (const svc of Object.values(SERVICES))
+    for (const name of [svc, `${svc}.${names.namespace}`, `${svc}.${names.namespace}.svc`]) out.add(name);
+  const g = config.ingress.gatewayApi;
+  if (g.enabled) out.add(`*.${g.domain}`);
+  return [...out];
+}
+
 export function isLoopbackHost(host: string): boolean {
   const h = host.replace(/^\[|\]$/g, "").toLowerCase();
   if (h === "localhost" || h.endsWith(".localhost")) return true;
@@ -388,6 +404,8 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     setAt(doc, "adminIssuerProxy.url", httpUrl(SERVICES.issuer, ports.issuer));
   setAt(doc, "adminIssuerProxy.signingKeyFile", `${MOUNTS.issuerKey}/admin-issuer.key.pem`);
   setAt(doc, "adminIssuerProxy.publicKeyFile", `${MOUNTS.issuerKey}/admin-issuer.pub.pem`);
+  setAt(doc, "adminIssuerProxy.operatorCredentialFile", `${MOUNTS.issuerOperator}/issuer-operator.secret`);
+  setAt(doc, "global.hosts", clusterHosts(config, names));
   setAt(doc, "auth.adminPublicKeyFile", `${MOUNTS.adminKey}/admin-signing.pub.pem`);
   // never mounted: the stack's admin signing key stays with the operator (`callplane admin token`)
   setAt(doc, "auth.adminSigningKeyFile", `${MOUNTS.adminKey}/admin-signing.key.pem`);

@@ -74,6 +74,7 @@ export const MOUNTS = {
   natsKeys: "/etc/callplane/nats-keys",
   adminKey: "/etc/callplane/admin",
   issuerKey: "/etc/callplane/admin-issuer",
+  issuerOperator: "/etc/callplane/issuer-operator",
   workerIdentity: "/etc/callplane/worker-identity",
   mek: "/etc/callplane/mek",
   pki: "/etc/callplane/pki",
@@ -98,6 +99,8 @@ export const SECRETS = {
   natsKeys: "callplane-nats-keys",
   adminKey: "callplane-admin-key",
   issuerKey: "callplane-admin-issuer-key",
+  /** The operator credential the issuer asks for (key issuer-operator.secret): the issuer's pod alone mounts it. */
+  issuerOperator: "callplane-issuer-operator",
   workerIdentity: "callplane-worker-identity-key",
   mek: "callplane-mek",
   database: "callplane-database",

@@ -136,7 +136,9 @@ async function main(): Promise<void> {
   let issuer: string | undefined;
   if (config.adminIssuerProxy.enabled) {
     issuer = (await stack.startService("admin-issuer", "admin-issuer")).issuer!;
-    say(`admin-issuer  ${issuer}   (unauthenticated by design: loopback only, never expose it)`);
+    say(
+      `admin-issuer  ${issuer}   (mints for the operator credential in ${config.adminIssuerProxy.operatorCredentialFile}: \`bin/callplane init\` reads it)`,
+    );
   } else {
     say(
       "admin-issuer  off (adminIssuerProxy.enabled: false): not started, and the API refuses its tokens; use CALLPLANE_TOKEN or `bin/callplane admin token`",
@@ -191,7 +193,7 @@ async function main(): Promise<void> {
 
   const info: StackInfo = {
     api,
-    ...(issuer ? { issuer } : {}),
+    ...(issuer ? { issuer, issuerCredentialFile: config.adminIssuerProxy.operatorCredentialFile } : {}),
     adminIssuer: {
       enabled: config.adminIssuerProxy.enabled,
       gatewayEnabled: config.adminIssuerProxy.enabled && config.adminIssuerProxy.gateway.enabled,

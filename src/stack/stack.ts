@@ -5,7 +5,7 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { ensureAdminKeyPair, ensureServiceTokens } from "../lib/identity/index.js";
+import { ensureAdminKeyPair, ensureOperatorCredential, ensureServiceTokens } from "../lib/identity/index.js";
 import { removeTreeSync, writeFileAtomic } from "../lib/fs.js";
 import { ensureCa, ensureServerCert, stackCertificates, TlsReloader } from "../lib/tls/index.js";
 import { ensureKeyringFile, instancesRoot, secretsRoot } from "../lib/secrets/index.js";
@@ -202,6 +202,20 @@ export class LocalStack {
       );
     }
     if (keys.created) this.opts.say(`generated the admin issuer's own signing key in ${ai.signingKeyFile}`);
+    let credential: ReturnType<typeof ensureOperatorCredential>;
+    try {
+      credential = ensureOperatorCredential(ai.operatorCredentialFile);
+    } catch (err) {
+      throw new StackError(
+        `cannot create the admin issuer's operator credential ${ai.operatorCredentialFile} (adminIssuerProxy.operatorCredentialFile): ${(err as Error).message}`,
+      );
+    }
+    if (credential.created)
+      this.opts.say(
+        `generated the operator credential the admin issuer asks for in ${ai.operatorCredentialFile} (mode 0600; \`callplane init\` reads it)`,
+      );
+    if (credential.tightened)
+      this.opts.say(`made ${ai.operatorCredentialFile} readable by this account only (mode 0600)`);
   }
 
   /** Creates the stack CA if missing and issues (or renews) the certificates worker callbacks need. */

@@ -41,6 +41,7 @@ const stackMain = join(distRoot, "src", "stack", "main.js");
 interface StackJson {
   api: string;
   issuer: string;
+  issuerCredentialFile: string;
   nats: string;
   compute: string;
   invocation: string[];
@@ -213,8 +214,13 @@ async function invoke(url: string, fid: string, key: string, payload: unknown) {
   return await call(`${url}/v2/nvcf/pexec/functions/${fid}`, { token: key, body: payload });
 }
 
-async function adminToken(issuer: string): Promise<string> {
-  const r = await call<{ value: string }>(`${issuer}/v1/admin/keys`, { method: "POST" });
+async function adminToken(info: StackJson): Promise<string> {
+  // the issuer mints only for the operator: the credential the stack wrote (stack.json names it)
+  const credential = readFileSync(info.issuerCredentialFile, "utf8").trim();
+  const r = await call<{ value: string }>(`${info.issuer}/v1/admin/keys`, {
+    method: "POST",
+    token: credential,
+  });
   assert.equal(r.status, 200, r.text);
   return r.body.value;
 }
@@ -445,7 +451,7 @@ test("local stack", async (t) => {
       assert.match(again.output(), /reusing the demo function/);
       assert.match(again.output(), /the demo API key is unknown to the api; issuing a new one/);
       assert.notEqual(info2.demo.apiKey, recorded.apiKey);
-      const admin = await adminToken(info2.issuer);
+      const admin = await adminToken(info2);
       const fns = await call<{ functions: Array<{ id: string; name: string }> }>(
         `${info2.api}/v2/nvcf/functions`,
         {

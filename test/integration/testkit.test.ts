@@ -7,7 +7,10 @@ test("testkit starts a real nats-server, API and issuer on loopback", async (t) 
   assert.match(nats.url, /^tls:\/\/127\.0\.0\.1:\d+$/);
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
-  const tok = await call<{ value: string }>(`${issuer}/v1/admin/keys`, { body: {} });
+  const tok = await call<{ value: string }>(`${issuer.url}/v1/admin/keys`, {
+    body: {},
+    token: issuer.credential,
+  });
   assert.equal(tok.status, 200);
   const list = await call(`${api.url}/v2/nvcf/functions`, { token: tok.body.value });
   assert.equal(list.status, 200);

@@ -4,7 +4,7 @@
 //   paths.ts     where the repository and dist/ are
 //   scope.ts     temporary folders, removeDir, Scope and reverseScope (cleanups in reverse)
 //   nats.ts      startNats (one nats-server as the stack runs it), startTestCallout
-//   services.ts  startApi (the API in this process), startIssuer (the admin token issuer)
+//   services.ts  startApi (the API in this process), startIssuer (the admin token issuer, with its operator credential)
 //   client.ts    HTTP clients: call (status, headers, JSON body), problemOf, waitFor, bearer
 //   cli.ts       runCli (the built CLI as a child process)
 //   samples.ts   sampleFunction, sampleDeployment (API request bodies)
@@ -15,7 +15,14 @@
 export { distRoot, repoRoot } from "./paths.js";
 export { removeDir, tmpDir } from "./scope.js";
 export { startNats, startTestCallout, type Nats } from "./nats.js";
-export { startApi, startIssuer, type ApiFixture, type StartApiOptions } from "./services.js";
+export {
+  mintAdminToken,
+  startApi,
+  startIssuer,
+  type ApiFixture,
+  type StartApiOptions,
+  type TestIssuer,
+} from "./services.js";
 export { call, type JsonResponse } from "./client.js";
 export { runCli } from "./cli.js";
 export { sampleDeployment, sampleFunction } from "./samples.js";

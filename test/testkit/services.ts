@@ -9,8 +9,10 @@ import {
   createAdminTokenSigner,
   ensureAdminKeyPair,
   ensureIdentityKey,
+  ensureOperatorCredential,
   ensureServiceTokens,
   IdentitySigner,
+  readOperatorCredential,
   readServiceToken,
   type ServiceName,
 } from "../../src/lib/identity/index.js";
@@ -81,6 +83,8 @@ export interface StartApiOptions {
   port?: number;
   /** compute.local.allowCommand: functions may have the image local/command (off by default). */
   allowLocalCommand?: boolean;
+  /** Host names served besides IP literals and localhost (global.hosts); unset: any Host. */
+  hosts?: string[];
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -138,6 +142,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     ...(opts.logger ? { logger: opts.logger } : {}),
     ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
     allowLocalCommand: opts.allowLocalCommand ?? false,
+    ...(opts.hosts ? { hosts: opts.hosts } : {}),
     workerTrust: {
       region: opts.region ?? "test",
       queue: {
@@ -198,14 +203,50 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
   };
 }
 
-/** Starts the admin token issuer; give it the API fixture's `issuerKeyFile`, which the API trusts. */
-export async function startIssuer(t: Ctx, privateKeyFile: string, ttlSeconds = 43_200): Promise<string> {
+/** A started admin token issuer and the operator credential it asks for. */
+export interface TestIssuer {
+  url: string;
+  /** The operator credential (send it as `token` with testkit's call: Authorization: Bearer). */
+  credential: string;
+  /** The file holding it, mode 0600, as the stack writes it (for `callplane init --operator-credential`). */
+  credentialFile: string;
+}
+
+/**
+ * Starts the admin token issuer; give it the API fixture's `issuerKeyFile`, which the API trusts.
+ * It serves `hosts` besides IP literals and localhost (default none).
+ */
+export async function startIssuer(
+  t: Ctx,
+  privateKeyFile: string,
+  ttlSeconds = 43_200,
+  opts: { hosts?: string[] } = {},
+): Promise<TestIssuer> {
+  const dir = mkdtempSync(join(tmpdir(), "callplane-issuer-"));
+  t.after(() => removeDir(dir));
+  const credentialFile = join(dir, "keys", "issuer-operator.secret");
+  ensureOperatorCredential(credentialFile);
+  const credential = readOperatorCredential(credentialFile);
   const issuer = createAdminIssuer({
     listen: { host: "127.0.0.1", port: 0 },
     privateKeyPem: readFileSync(privateKeyFile, "utf8"),
     ttlSeconds,
+    operatorCredential: credential,
+    hosts: opts.hosts ?? [],
   });
   const url = (await issuer.listen()).origin;
   t.after(() => issuer.destroy());
-  return url;
+  return { url, credential, credentialFile };
+}
+
+/** Mints an admin token at a test issuer, presenting its operator credential. */
+export async function mintAdminToken(issuer: TestIssuer): Promise<string> {
+  const r = await fetch(`${issuer.url}/v1/admin/keys`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${issuer.credential}`, "content-type": "application/json" },
+    body: "{}",
+  });
+  const text = await r.text();
+  if (r.status !== 200) throw new Error(`the issuer answered ${r.status}: ${text}`);
+  return (JSON.parse(text) as { value: string }).value;
 }

@@ -23,7 +23,8 @@ export function registerCredentials(program: Command): void {
       "after",
       `
 Writes <dir>/<secret>/<key> for the Secrets callplane-service-tokens, callplane-nats-keys,
-callplane-admin-key, callplane-admin-issuer-key (while adminIssuerProxy.enabled),
+callplane-admin-key, callplane-admin-issuer-key and callplane-issuer-operator (the operator
+credential \`callplane init --operator-credential\` presents; while adminIssuerProxy.enabled),
 callplane-worker-identity-key and callplane-mek (file or env provider), and the stack's admin
 signing key in <dir>/private/ (it stays with you: \`callplane admin token\` signs with it; the
 cluster gets only its public key). Files that exist are kept, so running it again changes nothing.
@@ -37,7 +38,7 @@ folder private, and out of version control.`,
       const { clusterNames } = await import("../../deploy/cluster-config.js");
       const { SECRETS } = await import("../../deploy/layout.js");
       const { ConfigError } = await import("../../lib/config/index.js");
-      const { ensureAdminKeyPair, ensureIdentityKey, ensureServiceTokens } =
+      const { ensureAdminKeyPair, ensureIdentityKey, ensureOperatorCredential, ensureServiceTokens } =
         await import("../../lib/identity/index.js");
       const { ensureNatsKeys } = await import("../../lib/nats/index.js");
       const { ensureKeyringFile, KEYRING_FORMAT, newKeyringEntry } =
@@ -73,6 +74,8 @@ folder private, and out of version control.`,
             join(dir(SECRETS.issuerKey), "admin-issuer.pub.pem"),
           );
           made.push({ secret: SECRETS.issuerKey, folder: dir(SECRETS.issuerKey) });
+          ensureOperatorCredential(join(dir(SECRETS.issuerOperator), "issuer-operator.secret"));
+          made.push({ secret: SECRETS.issuerOperator, folder: dir(SECRETS.issuerOperator) });
         }
         ensureIdentityKey(join(dir(SECRETS.workerIdentity), "worker-identity.key.pem"));
         made.push({ secret: SECRETS.workerIdentity, folder: dir(SECRETS.workerIdentity) });

@@ -1,10 +1,11 @@
 // `callplane init`: fetch an admin token from the admin token issuer (contract §5.4) and keep it
 // in the state file for the commands that follow.
+import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { send, problemError, type Service } from "../client.js";
 import { CliError } from "../errors.js";
 import { note, printFields, printJson, relative } from "../output.js";
-import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Settings } from "../settings.js";
+import { DEFAULT_CONFIG_FILE, settingsFor, tildify, type Settings, type Sourced } from "../settings.js";
 
 export interface ApiInfo {
   adminIssuer?: { enabled: boolean; gatewayEnabled: boolean; tokensAccepted: boolean };
@@ -59,20 +60,69 @@ export function reportSaved(
   }
 }
 
+function issuerTurnedOff(s: Settings): CliError {
+  return new CliError(
+    `the admin token issuer is turned off (the API at ${s.apiUrl().value} says adminIssuerProxy.enabled is false), so there is no token to fetch`,
+    "ISSUER_DISABLED",
+    { hint: supplyTokenHint(s) },
+  );
+}
+
+/** The operator credential the issuer asks for, read from its file; a clear error when it cannot be. */
+export function readOperatorCredential(s: Settings, flag: string | undefined, issuer: Sourced): string {
+  const file = s.operatorCredentialFile(flag, issuer);
+  const how =
+    "pass --operator-credential <file> (or set CALLPLANE_OPERATOR_CREDENTIAL_FILE) naming the file adminIssuerProxy.operatorCredentialFile of the install";
+  if ("missing" in file) throw new CliError(file.missing, "OPERATOR_CREDENTIAL_REQUIRED", { hint: how });
+  let text: string;
+  try {
+    text = readFileSync(file.value, "utf8");
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    const why =
+      code === "ENOENT" ? "no such file" : code === "EACCES" ? "permission denied" : (err as Error).message;
+    throw new CliError(
+      `cannot read the admin issuer's operator credential ${tildify(file.value)} (from ${file.from}): ${why}`,
+      "OPERATOR_CREDENTIAL_REQUIRED",
+      {
+        hint:
+          code === "ENOENT"
+            ? `the stack creates it on start (adminIssuerProxy.operatorCredentialFile); run init from the stack's folder, or ${how}`
+            : `the file has mode 0600: only the account that runs the stack can read it; run \`callplane init\` as that user, or ${how}`,
+      },
+    );
+  }
+  const secret = text.trim();
+  if (!secret)
+    throw new CliError(
+      `the admin issuer's operator credential ${tildify(file.value)} (from ${file.from}) is empty`,
+      "OPERATOR_CREDENTIAL_REQUIRED",
+      { hint: how },
+    );
+  return secret;
+}
+
 export function registerInit(program: Command): void {
   program
     .command("init")
     .description("get an admin token from the admin token issuer and save it in the state file")
+    .option(
+      "--operator-credential <file>",
+      "the file holding the issuer's operator credential (adminIssuerProxy.operatorCredentialFile)",
+    )
     .addHelpText(
       "after",
       `
 The issuer URL comes from --issuer, CALLPLANE_ISSUER_URL, \`issuerUrl:\` in the CLI config file,
 \`issuer\` in ./.callplane/stack.json, else http://127.0.0.1:8081. The token is saved (mode 0600)
 in $CALLPLANE_STATE_DIR/state.json, else ~/.config/callplane/state.json; it lasts 12 hours by
-default. When the issuer is turned off, supply a token instead: CALLPLANE_TOKEN, \`token:\` in
+default. The issuer mints only for the operator: init presents the secret in the file named by
+--operator-credential, CALLPLANE_OPERATOR_CREDENTIAL_FILE, else (for an issuer on this machine)
+\`issuerCredentialFile\` in ./.callplane/stack.json, else ./.callplane/keys/issuer-operator.secret;
+the stack writes it with mode 0600, so run init as the account that runs the stack. When the issuer is turned off, supply a token instead: CALLPLANE_TOKEN, \`token:\` in
 the CLI config file, or \`callplane admin token --signing-key <file> --save\` (offline).`,
     )
-    .action(async (_opts: unknown, cmd: Command) => {
+    .action(async (opts: { operatorCredential?: string }, cmd: Command) => {
       const s = settingsFor(cmd);
       const issuer = s.issuerUrl();
       if ("disabled" in issuer) {
@@ -81,23 +131,27 @@ the CLI config file, or \`callplane admin token --signing-key <file> --save\` (o
         });
       }
       const service: Service = { label: "the admin token issuer", code: "ISSUER", url: issuer };
+      let credential: string;
+      try {
+        credential = readOperatorCredential(s, opts.operatorCredential, issuer);
+      } catch (err) {
+        // no credential here: perhaps because there is no issuer at all, which the API knows
+        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false)
+          throw issuerTurnedOff(s);
+        throw err;
+      }
       let res: Response;
       try {
         res = await send(service, "/v1/admin/keys", {
           method: "POST",
-          headers: { "content-type": "application/json" },
+          headers: { "content-type": "application/json", authorization: `Bearer ${credential}` },
           body: "{}",
           timeoutMs: 15_000,
         });
       } catch (err) {
         // nothing answers at the issuer's address: perhaps because it is turned off, which the API knows
-        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false) {
-          throw new CliError(
-            `the admin token issuer is turned off (the API at ${s.apiUrl().value} says adminIssuerProxy.enabled is false), so there is no token to fetch`,
-            "ISSUER_DISABLED",
-            { hint: supplyTokenHint(s) },
-          );
-        }
+        if (err instanceof CliError && (await apiInfo(s))?.adminIssuer?.enabled === false)
+          throw issuerTurnedOff(s);
         // the hint already says how to start the stack or check the URL; add the way around the issuer
         throw err instanceof CliError ? err.withHint(`${err.hint}; or ${supplyTokenHint(s)}`) : err;
       }

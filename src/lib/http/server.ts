@@ -8,6 +8,7 @@ import { CallplaneError } from "../errors.js";
 import type { Logger } from "../log.js";
 import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "../metrics.js";
 import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "../net/index.js";
+import { HANDSHAKE_OPTIONS, limitHandshake } from "../tls/index.js";
 import { requireHostServed, type HostNames } from "./hosts.js";
 import type { Router } from "./router.js";
 import { rawProblem, sendJson, sendProblem, writeProblem } from "./problem.js";
@@ -38,6 +39,12 @@ export interface HttpServiceOptions {
    * other services reach, by address).
    */
   hosts?: HostNames;
+  /**
+   * No browser may use this listener: a request with an `Origin` header (which only browsers send,
+   * on every cross-origin request and every POST) is refused with ORIGIN_REFUSED, right after the
+   * Host check and before anything else.
+   */
+  refuseBrowsers?: boolean;
 }
 
 /**
@@ -179,6 +186,18 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
         return;
       }
     }
+    if (opts.refuseBrowsers && req.headers.origin !== undefined) {
+      sendProblem(
+        res,
+        new CallplaneError(
+          "ORIGIN_REFUSED",
+          `${opts.name} takes no request from a web browser (this one carries Origin: ${JSON.stringify(req.headers.origin.slice(0, 100))}); use \`callplane init\` or another client that is not a browser`,
+        ),
+        log,
+        { connection: "close" },
+      );
+      return;
+    }
     const te = req.headers["transfer-encoding"];
     if (te !== undefined && te.trim().toLowerCase() !== "chunked") {
       // Node's parser de-chunks `gzip, chunked` and passes the gzip bytes on as if they were the
@@ -282,10 +301,15 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     // take it from here; TLS sockets are widened once their session is up, below)
     highWaterMark: SOCKET_BUFFER_BYTES,
   };
-  const server: Server = opts.tls
-    ? createTlsServer({ ...opts.tls, ...serverOptions }, handle)
-    : createServer(serverOptions, handle);
-  if (opts.tls) server.prependListener("secureConnection", widenSocketBuffers);
+  let server: Server;
+  if (opts.tls) {
+    const tls = createTlsServer({ ...HANDSHAKE_OPTIONS, ...opts.tls, ...serverOptions }, handle);
+    limitHandshake(tls);
+    tls.prependListener("secureConnection", widenSocketBuffers);
+    server = tls;
+  } else {
+    server = createServer(serverOptions, handle);
+  }
   // no count of header fields beyond the head's size limit: past Node's default count (2000 lines),
   // later fields, Authorization or Content-Type among them, would be dropped without a word
   server.maxHeadersCount = 0;

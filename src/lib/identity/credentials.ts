@@ -1,8 +1,9 @@
-// Opaque credentials: API keys (`nvapi-`, stored only as SHA-256 hashes, shown once) and service
+// Opaque credentials: API keys (`nvapi-`, stored only as SHA-256 hashes, shown once), service
 // tokens (`cps-`, which callplane's own services present to the API and which do not expire with
-// the admin token, so a stack keeps working past hour 12).
+// the admin token, so a stack keeps working past hour 12), and the operator credential (`cpo-`,
+// which the admin issuer asks for before it mints a token).
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
+import { chmodSync, existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { SERVICE_SCOPES, type ServiceName } from "./scopes.js";
 import { writeFileAtomic } from "../fs.js";
@@ -45,4 +46,42 @@ export function readServiceToken(dir: string, name: ServiceName): string {
       cause: err,
     });
   }
+}
+
+export function newOperatorCredential(): string {
+  return `cpo-${randomBytes(32).toString("base64url")}`;
+}
+
+/**
+ * Creates the operator credential file (mode 0600) if it is missing, and takes away any access
+ * others were given to an existing one: only the account that runs the stack may read it.
+ */
+export function ensureOperatorCredential(file: string): { created: boolean; tightened: boolean } {
+  if (!existsSync(file)) {
+    writeFileAtomic(file, `${newOperatorCredential()}\n`, 0o600);
+    return { created: true, tightened: false };
+  }
+  if ((statSync(file).mode & 0o077) === 0) return { created: false, tightened: false };
+  chmodSync(file, 0o600);
+  return { created: false, tightened: true };
+}
+
+/** The operator credential in a file, or an error naming the file and who can read it. */
+export function readOperatorCredential(file: string): string {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (err) {
+    throw new Error(
+      `cannot read the operator credential at ${file} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message}); ` +
+        "the stack creates it on first start (mode 0600, readable only by the account that runs the stack), or set adminIssuerProxy.operatorCredentialFile",
+      { cause: err },
+    );
+  }
+  const secret = text.trim();
+  if (secret.length < 16)
+    throw new Error(
+      `the operator credential at ${file} is empty or shorter than 16 characters; delete it and the stack makes a new one`,
+    );
+  return secret;
 }

@@ -7,6 +7,7 @@
 // buffers; every live socket is tracked so that close() can drain them and destroy() cut them.
 import { createServer, type Server, type TLSSocket, type TlsOptions } from "node:tls";
 import { formatHostPort, widenSocketBuffers } from "../net/index.js";
+import { HANDSHAKE_OPTIONS, limitHandshake } from "./handshake.js";
 
 export interface TlsFrontend {
   readonly server: Server;
@@ -27,7 +28,8 @@ export function createTlsFrontend(opts: {
   onHandshakeError?: (err: Error, socket: TLSSocket) => void;
 }): TlsFrontend {
   const sockets = new Set<TLSSocket>();
-  const server = createServer({ minVersion: "TLSv1.2", ...opts.tls });
+  const server = createServer({ minVersion: "TLSv1.2", ...HANDSHAKE_OPTIONS, ...opts.tls });
+  limitHandshake(server);
   server.on("secureConnection", (s: TLSSocket) => {
     widenSocketBuffers(s);
     sockets.add(s);

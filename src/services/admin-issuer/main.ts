@@ -1,4 +1,5 @@
 import { readFileSync } from "node:fs";
+import { readOperatorCredential } from "../../lib/identity/index.js";
 import { parseHostPort } from "../../lib/net/index.js";
 import { runService } from "../../lib/process/index.js";
 import { createAdminIssuer } from "./service.js";
@@ -17,10 +18,14 @@ runService("admin-issuer", async (config, logger) => {
       `cannot read the admin issuer's signing key at ${config.adminIssuerProxy.signingKeyFile}; the stack creates it on first start, or set adminIssuerProxy.signingKeyFile`,
     );
   }
+  // read once: a new credential takes effect when the issuer restarts
+  const operatorCredential = readOperatorCredential(config.adminIssuerProxy.operatorCredentialFile);
   const issuer = createAdminIssuer({
     listen: parseHostPort(config.adminIssuerProxy.listen),
     privateKeyPem,
     ttlSeconds: config.adminIssuerProxy.tokenTtlSeconds,
+    operatorCredential,
+    hosts: config.global.hosts,
     logger,
   });
   const url = await issuer.listen();

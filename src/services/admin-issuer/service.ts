@@ -1,11 +1,25 @@
-// The admin token issuer: POST /v1/admin/keys returns a 12-hour admin JWT. Like upstream's
-// admin-token-issuer-proxy it does not authenticate its callers, so it listens on loopback by
-// default and must never be exposed; an install with its own identity provider turns it off
-// (adminIssuerProxy.enabled: false) and then this service is not started, its key is not loaded,
-// and the API refuses the tokens it issued before (it trusts the issuer's key only while enabled).
-import { ADMIN_ISSUER, createAdminTokenSigner } from "../../lib/identity/index.js";
+// The admin token issuer: POST /v1/admin/keys returns a 12-hour plane-wide admin JWT. Upstream's
+// admin-token-issuer-proxy authenticates no one; this one is guarded, because anyone who can mint
+// an admin token can run code as the stack's user. In order: it answers only the Host names it
+// serves (IP literals, localhost, global.hosts: a DNS-rebinding page sends its own name), no
+// browser (any Origin header), only JSON (no form or text a page can send without a preflight), and
+// mints only for a caller presenting the operator credential, a secret in a file of mode 0600 that
+// only the account running the stack can read (`callplane init` reads it). An install with its own
+// identity provider turns it off (adminIssuerProxy.enabled: false): then it is not started, its key
+// is not loaded, and the API refuses the tokens it issued before.
+import { createHash, timingSafeEqual } from "node:crypto";
+import type { IncomingMessage } from "node:http";
+import { ADMIN_ISSUER, PLANE_WIDE, createAdminTokenSigner } from "../../lib/identity/index.js";
 import { CallplaneError } from "../../lib/errors.js";
-import { Router, createHttpService, readJson, sendJson } from "../../lib/http/index.js";
+import {
+  Router,
+  countHeader,
+  createHttpService,
+  isJsonContentType,
+  readJson,
+  sendJson,
+  type HostNames,
+} from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, Counter, type Registry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
@@ -14,6 +28,10 @@ export interface AdminIssuerOptions {
   listen: HostPort;
   privateKeyPem: string;
   ttlSeconds: number;
+  /** The operator credential (the contents of adminIssuerProxy.operatorCredentialFile). */
+  operatorCredential: string;
+  /** Host names served besides IP literals and localhost (global.hosts). */
+  hosts: HostNames;
   logger?: Logger;
   registry?: Registry;
 }
@@ -29,8 +47,19 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
   // its own key pair and its own `iss`: the API trusts them only while the issuer is enabled
   const signerPromise = createAdminTokenSigner(opts.privateKeyPem, opts.ttlSeconds, ADMIN_ISSUER);
   signerPromise.catch(() => undefined);
+  if (opts.operatorCredential.length < 16)
+    throw new Error("the admin issuer's operator credential is empty or too short (16 characters at least)");
+  const credentialDigest = digest(opts.operatorCredential);
   const router = new Router();
   router.add("POST", "/v1/admin/keys", async ({ req, res }) => {
+    // (the Host and Origin checks ran before any route: createHttpService's hosts and refuseBrowsers)
+    const type = req.headers["content-type"];
+    if (type !== undefined && !isJsonContentType(type))
+      throw new CallplaneError(
+        "UNSUPPORTED_MEDIA_TYPE",
+        `the issuer takes only Content-Type: application/json (or no body at all), not ${JSON.stringify(type.slice(0, 100))}`,
+      );
+    requireOperator(req, credentialDigest);
     // The body is `{}` (as upstream): the issuer cannot be asked for other scopes or a longer life,
     // and a request that tries is refused rather than silently answered with the defaults.
     const body = await readJson(req, 16 * 1024);
@@ -44,10 +73,16 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
         { extra: { errors: fields.slice(0, 50).map((field) => ({ field, message: "unknown field" })) } },
       );
     const signer = await signerPromise;
-    const t = await signer.sign();
+    // plane-wide: the operator's token may act for any account
+    const t = await signer.sign({ account: PLANE_WIDE });
     issued.inc();
     logger.info(
-      { tokenId: t.id, expiresAt: t.expiresAt.toISOString(), remote: req.socket.remoteAddress },
+      {
+        tokenId: t.id,
+        account: t.account,
+        expiresAt: t.expiresAt.toISOString(),
+        remote: req.socket.remoteAddress,
+      },
       "admin token issued",
     );
     sendJson(res, 200, {
@@ -58,7 +93,7 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
       owner_id: "admin-issuer-proxy",
       issuer_service_id: "callplane-admin-issuer",
       audience_service_ids: ["callplane-api"],
-      description: "admin token from the callplane admin issuer",
+      description: "plane-wide admin token from the callplane admin issuer",
       created_at: t.issuedAt.toISOString(),
       expires_at: t.expiresAt.toISOString(),
       authorizations: {
@@ -67,7 +102,9 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
             aud: "callplane-api",
             auds: ["callplane-api"],
             product: "nv-cloud-functions",
+            // the NVCF shape, plus the one resource that says "every account": the token is plane-wide
             resources: [
+              { id: "*", type: "accounts" },
               { id: "*", type: "account-functions" },
               { id: "*", type: "authorized-functions" },
             ],
@@ -84,6 +121,8 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
     registry,
     router,
     requestTimeoutMs: 60_000,
+    hosts: opts.hosts,
+    refuseBrowsers: true,
   });
   return {
     http,
@@ -94,4 +133,30 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
     close: (graceMs?: number) => http.close(graceMs),
     destroy: () => http.destroy(),
   };
+}
+
+function digest(text: string): Buffer {
+  return createHash("sha256").update(text, "utf8").digest();
+}
+
+/** Refuses a caller without the operator credential (`Authorization: Bearer <secret>`), compared in constant time. */
+function requireOperator(req: IncomingMessage, credentialDigest: Buffer): void {
+  const how =
+    "present the operator credential as Authorization: Bearer <secret>, the contents of adminIssuerProxy.operatorCredentialFile " +
+    "(readable only by the account that runs the stack); `callplane init` run as that account does this";
+  const h = req.headers.authorization;
+  if (h === undefined)
+    throw new CallplaneError(
+      "OPERATOR_CREDENTIAL_REQUIRED",
+      `the issuer mints only for the operator: ${how}`,
+    );
+  if (countHeader(req.rawHeaders, "authorization") > 1)
+    throw new CallplaneError("BAD_REQUEST", "the request has more than one Authorization header; send one");
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(h);
+  // both sides hashed first: equal lengths for timingSafeEqual, and no timing on the secret's length
+  if (!m || !timingSafeEqual(digest(m[1]), credentialDigest))
+    throw new CallplaneError(
+      "OPERATOR_CREDENTIAL_REQUIRED",
+      `the Authorization header does not carry the operator credential: ${how}`,
+    );
 }

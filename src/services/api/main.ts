@@ -127,6 +127,7 @@ runService("api", async (config, logger) => {
     maxBodyBytes: config.api.maxBodyBytes,
     maxKeyLifetimeDays: config.apikeys.maxLifetimeDays,
     allowLocalCommand: config.compute.local.allowCommand,
+    hosts: config.global.hosts,
     workerTrust: {
       region: config.global.region,
       queue: { ...config.nats.stream, ackWaitSeconds: config.nats.consumer.ackWaitSeconds },

@@ -3,7 +3,7 @@
 // This module only wires: who is calling (routes/auth.ts), worker trust (worker-trust.ts), one
 // route module per resource (routes/), and the HTTP service's lifecycle.
 import type { ServiceName } from "../../lib/identity/index.js";
-import { Router, createHttpService, type HttpService } from "../../lib/http/index.js";
+import { Router, createHttpService, type HostNames, type HttpService } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
@@ -49,6 +49,11 @@ export interface ApiServiceOptions {
   maxKeyLifetimeDays?: number;
   /** compute.local.allowCommand; off (the image local/command is refused) unless given. */
   allowLocalCommand?: boolean;
+  /**
+   * Host names the API answers besides IP literals and localhost (global.hosts); another is refused
+   * (HOST_NOT_SERVED), which keeps DNS-rebinding pages out. Undefined: any (tests that call by name).
+   */
+  hosts?: HostNames;
   logger?: Logger;
   registry?: Registry;
 }
@@ -112,6 +117,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     registry,
     router,
     requestTimeoutMs: 60_000,
+    ...(opts.hosts ? { hosts: opts.hosts } : {}),
   });
   return {
     http,

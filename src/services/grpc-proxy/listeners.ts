@@ -18,7 +18,13 @@ import { Router, createHttpService, type HttpService } from "../../lib/http/inde
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
 import { dashIp, formatHostPort, ownPodIp, podHost, widenSocketBuffers } from "../../lib/net/index.js";
-import { createTlsFrontend, type TlsFrontend, TlsReloader } from "../../lib/tls/index.js";
+import {
+  HANDSHAKE_OPTIONS,
+  createTlsFrontend,
+  limitHandshake,
+  type TlsFrontend,
+  TlsReloader,
+} from "../../lib/tls/index.js";
 import type { Calls } from "./calls.js";
 import type { GrpcProxyOptions } from "./options.js";
 import type { ProxyState } from "./state.js";
@@ -54,13 +60,16 @@ export class ClientListener {
         registry,
       );
       this.reloader = reloader;
-      this.server = createSecureServer({
+      const secure = createSecureServer({
         ...H2_SESSION_OPTIONS,
         cert: reloader.material.cert,
         key: reloader.material.key,
         minVersion: "TLSv1.2",
         ALPNProtocols: ["h2"],
+        ...HANDSHAKE_OPTIONS,
       });
+      limitHandshake(secure);
+      this.server = secure;
       this.server.prependListener("secureConnection", widenSocketBuffers);
     } else {
       this.server = createH2Server({ ...H2_SESSION_OPTIONS });

@@ -11,7 +11,9 @@ import {
   STACK_ADMIN_ISSUER,
   createAdminTokenSigner,
   ensureAdminKeyPair,
+  ensureOperatorCredential,
   ensureServiceTokens,
+  readOperatorCredential,
 } from "../../../src/lib/identity/index.js";
 import { loadConfig } from "../../../src/lib/config/index.js";
 import { ensureKeyringFile } from "../../../src/lib/secrets/index.js";
@@ -42,7 +44,10 @@ test("disabled, the API refuses the issuer's earlier tokens and has no issuer ro
   const dir = tmpDir(t);
   const on = await startApi(t, { dir });
   const issuer = await startIssuer(t, on.issuerKeyFile);
-  const minted = await call<{ value: string }>(`${issuer}/v1/admin/keys`, { body: {} });
+  const minted = await call<{ value: string }>(`${issuer.url}/v1/admin/keys`, {
+    body: {},
+    token: issuer.credential,
+  });
   assert.equal(minted.status, 200, minted.text);
   const fromIssuer = minted.body.value;
   const list = (url: string, token: string) => call(`${url}/v2/nvcf/functions`, { token });
@@ -91,6 +96,9 @@ test("the real processes: disabled, the issuer does not start, the API starts wi
   ensureAdminKeyPair(join(dir, "keys", "admin-issuer.key.pem"), join(dir, "keys", "admin-issuer.pub.pem"));
   ensureServiceTokens(join(dir, "secrets"));
   ensureKeyringFile(join(dir, "keys", "mek.json"));
+  // where the stack puts it (adminIssuerProxy.operatorCredentialFile's default)
+  ensureOperatorCredential(join(dir, "keys", "issuer-operator.secret"));
+  const operator = readOperatorCredential(join(dir, "keys", "issuer-operator.secret"));
   const nats = await startNats(ctx);
   const base = {
     CALLPLANE__GLOBAL__DATA_DIR: dir,
@@ -107,7 +115,10 @@ test("the real processes: disabled, the issuer does not start, the API starts wi
     ...base,
     CALLPLANE__ADMIN_ISSUER_PROXY__LISTEN: "127.0.72.1:0",
   });
-  const minted = await call<{ value: string }>(`${iss.urls.issuer}/v1/admin/keys`, { body: {} });
+  const minted = await call<{ value: string }>(`${iss.urls.issuer}/v1/admin/keys`, {
+    body: {},
+    token: operator,
+  });
   assert.equal(minted.status, 200, minted.text);
   const token = minted.body.value;
   assert.equal((await call(`${apiOn.urls.api}/v2/nvcf/functions`, { token })).status, 200);

@@ -50,7 +50,7 @@ const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
 test("POST /v1/admin/keys returns an admin key in the contract's shape", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
-  const r = await call<AdminKey>(`${issuer}/v1/admin/keys`, { body: {} });
+  const r = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, { body: {}, token: issuer.credential });
   assert.equal(r.status, 200, r.text);
   assert.match(r.headers.get("content-type") ?? "", /^application\/json/);
   const k = r.body;
@@ -69,7 +69,9 @@ test("POST /v1/admin/keys returns an admin key in the contract's shape", async (
 
   const policy = k.authorizations.policies[0];
   assert.equal(policy.product, "nv-cloud-functions");
+  // plane-wide: "every account", then the NVCF resources
   assert.deepEqual(policy.resources, [
+    { id: "*", type: "accounts" },
     { id: "*", type: "account-functions" },
     { id: "*", type: "authorized-functions" },
   ]);
@@ -95,9 +97,10 @@ test("POST /v1/admin/keys returns an admin key in the contract's shape", async (
   assert.equal(claims.exp, expires / 1000);
   assert.equal(claims.iat, created / 1000);
   assert.deepEqual(claims.scopes, policy.scopes);
+  assert.equal(claims.account, "*", "the issuer's tokens are plane-wide");
 
   // each call mints a new token
-  const again = await call<AdminKey>(`${issuer}/v1/admin/keys`, { body: {} });
+  const again = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, { body: {}, token: issuer.credential });
   assert.equal(again.status, 200);
   assert.notEqual(again.body.id, k.id);
   assert.notEqual(again.body.value, k.value);
@@ -106,7 +109,10 @@ test("POST /v1/admin/keys returns an admin key in the contract's shape", async (
 test("the issued token works against the API", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
-  const { body: key } = await call<AdminKey>(`${issuer}/v1/admin/keys`, { body: {} });
+  const { body: key } = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, {
+    body: {},
+    token: issuer.credential,
+  });
 
   const created = await call<{ function: { id: string; versionId: string } }>(
     `${api.url}/v2/nvcf/functions`,
@@ -131,7 +137,10 @@ test("the issued token works against the API", async (t) => {
   // an issuer with another signing key is not trusted by this API
   const stranger = await startApi(t);
   const foreignIssuer = await startIssuer(t, stranger.issuerKeyFile);
-  const foreign = await call<AdminKey>(`${foreignIssuer}/v1/admin/keys`, { body: {} });
+  const foreign = await call<AdminKey>(`${foreignIssuer.url}/v1/admin/keys`, {
+    body: {},
+    token: foreignIssuer.credential,
+  });
   assertProblem(
     await call(`${api.url}/v2/nvcf/functions`, { token: foreign.body.value }),
     401,
@@ -142,18 +151,20 @@ test("the issued token works against the API", async (t) => {
 test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile, 600);
-  const r = await call<AdminKey>(`${issuer}/v1/admin/keys`, { method: "POST" });
+  const r = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, { method: "POST", token: issuer.credential });
   assert.equal(r.status, 200, r.text);
   assert.equal(Date.parse(r.body.expires_at) - Date.parse(r.body.created_at), 600_000);
-  const malformed = await call(`${issuer}/v1/admin/keys`, {
+  const malformed = await call(`${issuer.url}/v1/admin/keys`, {
     method: "POST",
+    token: issuer.credential,
     rawBody: "{",
     headers: { "content-type": "application/json" },
   });
   assertProblem(malformed, 400, "MALFORMED_JSON");
   // the body cannot choose scopes or a longer life: asking is refused, not silently ignored
-  const asking = await call(`${issuer}/v1/admin/keys`, {
+  const asking = await call(`${issuer.url}/v1/admin/keys`, {
     method: "POST",
+    token: issuer.credential,
     body: { scopes: ["everything"], ttlSeconds: 999_999_999 },
   });
   const p = assertProblem(asking, 400, "VALIDATION_FAILED");
@@ -162,31 +173,35 @@ test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
     (asking.body as { errors?: Array<{ field: string }> }).errors?.map((e) => e.field),
     ["scopes", "ttlSeconds"],
   );
-  assert.equal((await call(`${issuer}/v1/admin/keys`, { method: "POST", body: {} })).status, 200);
+  assert.equal(
+    (await call(`${issuer.url}/v1/admin/keys`, { method: "POST", body: {}, token: issuer.credential }))
+      .status,
+    200,
+  );
 });
 
 test("GET /v1/admin/keys is 405 and other paths are 404", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
-  const get = await call(`${issuer}/v1/admin/keys`);
+  const get = await call(`${issuer.url}/v1/admin/keys`);
   assertProblem(get, 405, "METHOD_NOT_ALLOWED");
   assert.equal(get.headers.get("allow"), "POST");
   for (const path of ["/", "/v1/admin", "/v1/admin/keys/1", "/v1/keys", "/v2/nvcf/functions"]) {
-    assertProblem(await call(`${issuer}${path}`), 404, "NOT_FOUND");
-    assertProblem(await call(`${issuer}${path}`, { body: {} }), 404, "NOT_FOUND");
+    assertProblem(await call(`${issuer.url}${path}`), 404, "NOT_FOUND");
+    assertProblem(await call(`${issuer.url}${path}`, { body: {} }), 404, "NOT_FOUND");
   }
 });
 
 test("/health and /metrics answer", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
-  const health = await call(`${issuer}/health`);
+  const health = await call(`${issuer.url}/health`);
   assert.equal(health.status, 200);
   assert.deepEqual(health.body, { status: "ok", service: "admin-issuer" });
 
-  await call(`${issuer}/v1/admin/keys`, { body: {} });
-  await call(`${issuer}/v1/admin/keys`, { body: {} });
-  const metrics = await fetch(`${issuer}/metrics`);
+  await call(`${issuer.url}/v1/admin/keys`, { body: {}, token: issuer.credential });
+  await call(`${issuer.url}/v1/admin/keys`, { body: {}, token: issuer.credential });
+  const metrics = await fetch(`${issuer.url}/metrics`);
   assert.equal(metrics.status, 200);
   assert.match(metrics.headers.get("content-type") ?? "", /^text\/plain/);
   const text = await metrics.text();

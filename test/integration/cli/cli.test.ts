@@ -28,6 +28,7 @@ const CLEAN_ENV: NodeJS.ProcessEnv = {
   CALLPLANE_API_KEY: undefined,
   CALLPLANE_CLI_CONFIG: undefined,
   CALLPLANE__GLOBAL__DATA_DIR: undefined,
+  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
 };
 
 interface Cli {
@@ -133,7 +134,15 @@ test("init saves the admin token in the state file (0600) and later commands use
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
   const c = cli(t);
-  const r = await c.run(["init", "--issuer", issuer, "--api", api.url]);
+  const r = await c.run([
+    "init",
+    "--issuer",
+    issuer.url,
+    "--api",
+    api.url,
+    "--operator-credential",
+    issuer.credentialFile,
+  ]);
   assert.equal(r.code, 0, r.stderr);
   assert.match(r.stdout, /saved an admin token in .*state\.json/);
   assert.match(r.stdout, /^expires:\s+\S+ \(in 1[12]h \d+m\)$/m);
@@ -148,7 +157,10 @@ test("init saves the admin token in the state file (0600) and later commands use
   assert.equal(list.code, 0, list.stderr);
   assert.equal(list.stdout, "no functions yet; create one with `callplane function create`\n");
 
-  const json = await c.run(["init", "--json"], { CALLPLANE_ISSUER_URL: issuer });
+  const json = await c.run(["init", "--json"], {
+    CALLPLANE_ISSUER_URL: issuer.url,
+    CALLPLANE_OPERATOR_CREDENTIAL_FILE: issuer.credentialFile,
+  });
   assert.equal(json.code, 0, json.stderr);
   const out = JSON.parse(json.stdout) as { stateFile: string; expiresAt: string };
   assert.equal(out.stateFile, c.stateFile);
@@ -158,7 +170,15 @@ test("init saves the admin token in the state file (0600) and later commands use
 test("init against a closed port says the issuer is unreachable and how to supply a token", async (t) => {
   const c = cli(t);
   const port = await closedPort();
-  const r = await c.run(["init", "--issuer", `http://127.0.0.1:${port}`]);
+  const credential = join(c.dir, "operator.secret");
+  writeFileSync(credential, "cpo-a-credential-for-the-test\n", { mode: 0o600 });
+  const r = await c.run([
+    "init",
+    "--issuer",
+    `http://127.0.0.1:${port}`,
+    "--operator-credential",
+    credential,
+  ]);
   assert.equal(r.code, 1);
   assert.equal(r.stdout, "");
   assertNoUsage(r);
@@ -179,7 +199,10 @@ test("init against an issuer that answers 404 says it is disabled", async (t) =>
     res.writeHead(404, { "content-type": "text/plain" }).end("not found");
   });
   const c = cli(t);
-  const r = await c.run(["init"], { CALLPLANE_ISSUER_URL: url });
+  const credential = join(c.dir, "operator.secret");
+  writeFileSync(credential, "cpo-a-credential-for-the-test\n", { mode: 0o600 });
+  const env = { CALLPLANE_ISSUER_URL: url, CALLPLANE_OPERATOR_CREDENTIAL_FILE: credential };
+  const r = await c.run(["init"], env);
   assert.equal(r.code, 1);
   assertNoUsage(r);
   const lines = r.stderr.trimEnd().split("\n");
@@ -191,7 +214,7 @@ test("init against an issuer that answers 404 says it is disabled", async (t) =>
   assert.match(lines[1], /CALLPLANE_TOKEN/);
   assert.doesNotMatch(r.stderr, /^404$/m);
 
-  const json = await c.run(["init", "--json"], { CALLPLANE_ISSUER_URL: url });
+  const json = await c.run(["init", "--json"], env);
   assert.equal(json.code, 1);
   assert.equal((JSON.parse(json.stdout) as { error: { code: string } }).error.code, "ISSUER_DISABLED");
 });
@@ -203,7 +226,8 @@ test("URLs come from ./.callplane/stack.json; a stack without an issuer is repor
   mkdirSync(join(c.dir, ".callplane"));
   const stack = {
     api: api.url,
-    issuer,
+    issuer: issuer.url,
+    issuerCredentialFile: issuer.credentialFile,
     nats: "nats://127.0.0.1:4222",
     invocation: [],
     grpc: [],
@@ -212,14 +236,14 @@ test("URLs come from ./.callplane/stack.json; a stack without an issuer is repor
   writeFileSync(join(c.dir, ".callplane", "stack.json"), JSON.stringify(stack));
   const init = await c.run(["init"]);
   assert.equal(init.code, 0, init.stderr);
-  assert.match(init.stdout, new RegExp(`from:\\s+the admin token issuer at ${issuer}`));
+  assert.match(init.stdout, new RegExp(`from:\\s+the admin token issuer at ${issuer.url}`));
   const list = await c.run(["function", "list"]);
   assert.equal(list.code, 0, list.stderr);
 
   // the data folder can be elsewhere
   const other = join(c.dir, "data");
   mkdirSync(other);
-  const { issuer: _issuer, ...noIssuer } = stack;
+  const { issuer: _issuer, issuerCredentialFile: _file, ...noIssuer } = stack;
   writeFileSync(join(other, "stack.json"), JSON.stringify({ ...noIssuer, dataDir: other }));
   const off = await c.run(["init"], { CALLPLANE__GLOBAL__DATA_DIR: other });
   assert.equal(off.code, 1);

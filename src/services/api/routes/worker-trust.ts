@@ -8,11 +8,16 @@
 //   permissions of one function version out.
 import { z } from "zod";
 import { CallplaneError } from "../../../lib/errors.js";
-import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
+import { parseJsonBody, sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { NATS_ACCOUNTS, tokenWorkerPermissions, type Permissions } from "../../../lib/nats/index.js";
 import { workerIdentifier } from "../../../lib/identity/index.js";
 import { parseBody } from "../schemas.js";
 import { readRawBody, type ApiDeps } from "./deps.js";
+
+/** A JSON body (through the shared checks: UTF-8, depth), or null when there is none. */
+function jsonOrNull(bytes: Buffer, sensitive = false): unknown {
+  return bytes.length ? parseJsonBody(bytes, { sensitive }) : null;
+}
 
 const identityRequestSchema = z.strictObject({
   functionId: z.string(),
@@ -61,10 +66,7 @@ async function recreateWorkQueue(deps: ApiDeps, { req, res, params }: RequestCon
 async function issueIdentity(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {
   const { signer, identities } = deps.trust;
   await deps.auth.authorize(req, "internal:identities");
-  const body = parseBody(
-    identityRequestSchema,
-    JSON.parse((await readRawBody(deps, req)).toString() || "null"),
-  );
+  const body = parseBody(identityRequestSchema, jsonOrNull(await readRawBody(deps, req)));
   const d = await deps.store.getDeploymentById(body.deploymentId).catch(() => undefined);
   if (!d || d.versionId !== body.versionId || d.functionId !== body.functionId)
     throw new CallplaneError(
@@ -120,9 +122,10 @@ async function revokeIdentity(deps: ApiDeps, { req, res, params }: RequestContex
 // RFC 7662: the token as a form field (or JSON); the caller authenticates (a service token)
 async function introspectToken(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
   await deps.auth.authorize(req, "internal:introspect");
-  const raw = (await readRawBody(deps, req)).toString("utf8");
+  const bytes = await readRawBody(deps, req);
+  const raw = bytes.toString("utf8");
   const token = /^\s*\{/.test(raw)
-    ? (JSON.parse(raw) as { token?: unknown }).token
+    ? (parseJsonBody(bytes, { sensitive: true }) as { token?: unknown } | null)?.token
     : new URLSearchParams(raw).get("token");
   if (typeof token !== "string" || !token)
     throw new CallplaneError("VALIDATION_FAILED", "token: send the token to introspect (form field token)");
@@ -151,7 +154,7 @@ async function introspectToken(deps: ApiDeps, { req, res }: RequestContext): Pro
 async function natsAuthWebhook(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
   const { trust } = deps;
   await deps.auth.authorize(req, "internal:nats-auth");
-  const body = parseBody(webhookSchema, JSON.parse((await readRawBody(deps, req)).toString() || "null"));
+  const body = parseBody(webhookSchema, jsonOrNull(await readRawBody(deps, req), true));
   if (trust.opts.workerAuth !== "token")
     throw new CallplaneError(
       "WORKER_AUTH_MODE_OFF",
