@@ -33,9 +33,10 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
   const { logger, holderId } = replica;
   // global.hosts, and (pushed by listen()) the names workers call this replica back under
   const hosts: string[] = [...(opts.hosts ?? [])];
+  const attachOnClientPort = opts.attachOnClientPort ?? true;
   const http = createClientListener(replica, opts.listen, {
     hosts,
-    attach: opts.attachOnClientPort ?? true,
+    attach: attachOnClientPort,
     metrics: opts.metricsOnClientPort ?? false,
   });
   const workerTls = opts.workerTls
@@ -62,8 +63,10 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       const tlsUrl = await workerTls?.listen();
       replica.targetUri = podAddress(opts, url, tlsUrl);
       // Workers that call back to the client port name the pod address (a pod DNS name on a
-      // cluster) or the configured callback address in Host.
-      const own = callbackHostName(replica.targetUri);
+      // cluster) or the configured callback address in Host. Only then is that name served: a
+      // name a neighbour can answer for (mDNS answers *.local on a LAN) is not served for nothing.
+      const own =
+        attachOnClientPort && (!tlsUrl || opts.selfAddress) ? callbackHostName(replica.targetUri) : undefined;
       if (own && !hosts.includes(own)) hosts.push(own);
       if (opts.relay?.enabled) {
         replica.replicas = new ReplicaRegistry(

@@ -13,6 +13,7 @@ import { connect as netConnect, type Socket } from "node:net";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { pollBucket, subjects } from "../../../src/lib/nats/index.js";
+import { dashIp } from "../../../src/lib/net/index.js";
 import { REQUEST_ID, bearer, call, problemOf, waitFor } from "../../testkit/client.js";
 import { repoRoot } from "../../testkit/paths.js";
 import { metricValue, startPlane, type Plane } from "../../testkit/plane.js";
@@ -236,6 +237,7 @@ test("the corpus's invocation section: each hostile request gets its refusal", L
     unknownRequestId: randomUUID(),
     otherAccountKey: await otherAccountKey(plane),
     sameAccountKey: await sameAccountKey(plane),
+    podHost: `${dashIp(plane.replicas[0].host)}.invocation.nvcf.svc.cluster.local`,
   };
   const details: Record<string, string> = {};
   for (const e of corpus) {
@@ -331,6 +333,42 @@ test(
     });
     assert.equal(res.status, 202, await res.text());
     assert.equal(asked(), 1);
+  },
+);
+
+test(
+  "the client port serves global.hosts and, where workers call back to it, the replica's pod DNS name",
+  LIMIT,
+  async (t) => {
+    // no callback proxy: workers call back to the pod address on the client port
+    const plane = await startPlane(t, { invocation: { hosts: ["invoke.example.com", "*.gw.example.com"] } });
+    const health = async (host: string) =>
+      (
+        await sendEntry(
+          t,
+          plane.replicas[0].url,
+          {
+            name: "health",
+            finding: "",
+            request: { method: "GET", path: "/health", headers: [["host", host]] },
+            expect: { status: 200, code: null },
+          },
+          {},
+        )
+      ).status;
+    const pod = `${dashIp(plane.replicas[0].host)}.invocation.nvcf.svc.cluster.local`;
+    assert.equal(await health(pod), 200);
+    assert.equal(await health("invoke.example.com:443"), 200);
+    assert.equal(await health("a.gw.example.com"), 200);
+    assert.equal(await health("gw.example.com"), 421);
+    assert.equal(await health("other.invocation.nvcf.svc.cluster.local"), 421);
+    // and the workers' callbacks, which name the pod, are answered: an invocation comes back
+    const res = await fetch(plane.invokeUrl(0), {
+      method: "POST",
+      headers: bearer(plane.fn.apiKey, { "content-type": "text/plain" }),
+      body: "hello",
+    });
+    assert.equal(await res.text(), "hello");
   },
 );
 
