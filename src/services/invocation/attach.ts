@@ -67,9 +67,21 @@ export async function attachRequest(replica: ReplicaState, ctx: RequestContext):
   }
 }
 
-/** The client stopped sending the rest of its body: it gets 408, the request is cancelled. */
+/**
+ * The client stopped sending the rest of its body: it gets 408 and the request is cancelled; once
+ * the answer has begun (an echo streams back while the body comes in) no 408 can be sent, and its
+ * connection is cut instead (clientClosed cancels the request).
+ */
 function bodyStalled(replica: ReplicaState, p: Pending): void {
-  if (p.state !== "queued") return;
+  if (p.state === "done") return;
+  if (p.state === "responding") {
+    replica.logger.info(
+      { requestId: p.requestId },
+      "request body stalled during the response; connection cut",
+    );
+    p.clientReq.destroy();
+    return;
+  }
   sendProblem(
     p.clientRes,
     new CallplaneError(
