@@ -1,7 +1,8 @@
-// Status polling (GET /v2/nvcf/pexec/status/{id}, contract §2): a request whose worker answered
-// 202 is found again through its record in the poll bucket (written here when the 202 passes
-// through attach.ts), and the worker holding it is asked over NATS for its next answer, which it
-// sends to this replica (the polling one) with a fresh response token.
+// Status polling (GET /v2/nvcf/pexec/status/{id}, contract §2), for keys of the account that made
+// the request only (its poll record names it; any other key gets the unknown id's 404): a request
+// whose worker answered 202 is found again through its record in the poll bucket (written here when
+// the 202 passes through attach.ts), and the worker holding it is asked over NATS for its next
+// answer, which it sends to this replica (the polling one) with a fresh response token.
 import { RequestError } from "@nats-io/transport-node";
 import { CallplaneError } from "../../lib/errors.js";
 import { bearerToken, type RequestContext } from "../../lib/http/index.js";
