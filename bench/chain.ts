@@ -191,6 +191,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     CALLPLANE__WORKER_CALLBACK_PROXY__INVOCATION__WORKER_TLS_PORT: String(tlsPort),
     // one replica each way: no relay needed, and none measured
     CALLPLANE__INVOCATION__RELAY__ENABLED: "false",
+    // the pending bench holds thousands of polls per replica with the one key
+    CALLPLANE__INVOCATION__MAX_IN_FLIGHT_PER_KEY: "1000000",
     // no issuer in the bench: the API must not look for its key
     CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",
     CALLPLANE__GRPCPROXY__RELAY__ENABLED: "false",

@@ -9,6 +9,13 @@ import { CallplaneError, ERROR_CODES, type ErrorCode, type Problem } from "../li
 import type { Logger } from "../lib/log.js";
 import { Counter, type Registry } from "../lib/metrics.js";
 
+/**
+ * Longer than any API key (callplane's are 54 characters, `nvapi-` and 48 more; NVCF's about 70):
+ * a longer bearer value is refused here, for both front doors, before the API is asked (whose
+ * refusal would name its own internal field).
+ */
+export const MAX_API_KEY_LENGTH = 256;
+
 export interface GrantVersion {
   functionVersionId: string;
   defaultInvocationPath: string;
@@ -93,6 +100,12 @@ export class AuthCache {
   }
 
   async authorize(apiKey: string, functionId: string, functionVersionId?: string): Promise<Grant> {
+    if (apiKey.length > MAX_API_KEY_LENGTH) {
+      throw new CallplaneError(
+        "TOKEN_INVALID",
+        `the bearer token in the Authorization header is ${apiKey.length} characters long, longer than any API key (at most ${MAX_API_KEY_LENGTH}); send the API key as it was created (callplane key create)`,
+      );
+    }
     const key = `${createHash("sha256").update(apiKey).digest("base64")}|${functionId}|${functionVersionId ?? ""}`;
     const now = Date.now();
     const hit = this.entries.get(key);

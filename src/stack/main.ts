@@ -145,8 +145,14 @@ async function main(): Promise<void> {
     );
   }
   const invocation: string[] = [];
+  // One machine: every port is loopback, so each replica's /metrics is served on its client port
+  // (where the smoke checks and the bench read it), unless the environment file says otherwise.
+  const metricsEnv: Record<string, string> =
+    config.invocation.metricsOnClientPort === null
+      ? { CALLPLANE__INVOCATION__METRICS_ON_CLIENT_PORT: "true" }
+      : {};
   for (const [i, ip] of replicaIps.entries()) {
-    const urls = await stack.startService(`invocation-${i + 1}`, "invocation", { POD_IP: ip });
+    const urls = await stack.startService(`invocation-${i + 1}`, "invocation", { POD_IP: ip, ...metricsEnv });
     invocation.push(urls.invocation);
     say(`invocation-${i + 1}  ${urls.invocation}   (workers call back at ${urls.target})`);
   }

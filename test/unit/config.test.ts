@@ -120,6 +120,29 @@ test("global.workerEndpoints.invocationProxyURL must be https under *.<workerDom
   assert.equal(ownDomain.workerCallbackProxy.workerDomain, "grpc-worker.example.com");
 });
 
+test("attach routes off the client port need the worker TLS listener and no relay", () => {
+  const off = (proxy: ConfigInput["workerCallbackProxy"], relay: boolean): ConfigInput => ({
+    invocation: { attachOnClientPort: false, relay: { enabled: relay } },
+    workerCallbackProxy: proxy,
+  });
+  const noTls = problems(off({ enabled: true, invocation: { upstreamTls: { enabled: false } } }, false));
+  assert.equal(noTls.length, 1, noTls.join(" | "));
+  assertNames(noTls[0], [
+    "invocation.attachOnClientPort",
+    "workerCallbackProxy.enabled",
+    "workerCallbackProxy.invocation.upstreamTls.enabled",
+  ]);
+  const relayed = problems(off({ enabled: true }, true));
+  assert.equal(relayed.length, 1, relayed.join(" | "));
+  assertNames(relayed[0], ["invocation.attachOnClientPort", "invocation.relay.enabled"]);
+  const ok = load(off({ enabled: true }, false));
+  assert.equal(ok.invocation.attachOnClientPort, false);
+  // the defaults: callbacks on the client port, /metrics left to the deployment (null)
+  const d = load({});
+  assert.equal(d.invocation.attachOnClientPort, true);
+  assert.equal(d.invocation.metricsOnClientPort, null);
+});
+
 test("several replicas behind one callback URL need the relay", () => {
   const base = (relay: boolean, shared: ConfigInput): ConfigInput => ({
     ...shared,

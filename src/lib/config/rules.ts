@@ -6,7 +6,7 @@ import { databaseProblems } from "./api.js";
 import { frontendProblems, invocationProxyUrlProblems, splitPlaneProblems } from "./callback-proxy.js";
 import { restartBackoffProblems } from "./compute.js";
 import { grpcProxyProblems } from "./grpc-proxy.js";
-import { invocationRelayProblems, pollProblems } from "./invocation.js";
+import { attachProblems, invocationRelayProblems, pollProblems } from "./invocation.js";
 import { autoscalingProblems } from "./kubernetes.js";
 import { natsProblems } from "./nats.js";
 import type { Config } from "./schema.js";
@@ -19,6 +19,7 @@ export function crossFieldProblems(
 ): string[] {
   return [
     ...invocationRelayProblems(c),
+    ...attachProblems(c),
     ...issuerListenProblems(c),
     ...splitPlaneProblems(c),
     ...invocationProxyUrlProblems(c),

@@ -19,6 +19,7 @@ import {
 } from "../../lib/http/index.js";
 import { RELAYED_HEADER } from "../../plane/relay.js";
 import { tokenHolder } from "../../plane/tokens.js";
+import { watchBody } from "./body-watch.js";
 import { purgePollRecord, writePollRecord } from "./poll.js";
 import type { AttachKind, Pending, ReplicaState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
@@ -47,6 +48,13 @@ export async function attachRequest(replica: ReplicaState, ctx: RequestContext):
   if (p.leftover) res.write(p.leftover);
   p.leftover = undefined;
   p.bodyStreaming = true;
+  // The rest of the body must keep coming while the worker reads it (a worker whose side is full
+  // is not waiting on the client): a trickle would hold the worker's slot for the whole window.
+  const stop = watchBody(
+    p.clientReq,
+    { idleMs: replica.bodyIdleMs, waiting: () => !res.writableNeedDrain },
+    () => bodyStalled(replica, p),
+  );
   try {
     await pump(p.clientReq, res);
     p.bodyStreaming = false;
@@ -54,7 +62,42 @@ export async function attachRequest(replica: ReplicaState, ctx: RequestContext):
   } catch (err) {
     ctx.log.debug({ requestId: p.requestId, err }, "request body stream to the worker broke");
     res.destroy();
+  } finally {
+    stop();
   }
+}
+
+/**
+ * The client stopped sending the rest of its body: it gets 408 and the request is cancelled; once
+ * the answer has begun (an echo streams back while the body comes in) no 408 can be sent, and its
+ * connection is cut instead (clientClosed cancels the request).
+ */
+function bodyStalled(replica: ReplicaState, p: Pending): void {
+  if (p.state === "done") return;
+  if (p.state === "responding") {
+    replica.logger.info(
+      { requestId: p.requestId },
+      "request body stalled during the response; connection cut",
+    );
+    p.clientReq.destroy();
+    return;
+  }
+  sendProblem(
+    p.clientRes,
+    new CallplaneError(
+      "REQUEST_TIMEOUT",
+      `the request body paused for more than ${replica.bodyIdleMs / 1000} s (invocation.bodyIdleSeconds) while a worker was reading it; the request was cancelled. Send the body without pausing`,
+      { extra: { requestId: p.requestId } },
+    ),
+    replica.logger,
+    { [NVCF_HEADERS.reqId]: p.requestId, connection: "close" },
+  );
+  replica.cancel(p, "request body stalled");
+  replica.release(p);
+  // the worker's read of the body ends (cut) with the client's connection, once the 408 is out
+  const cut = () => p.clientReq.destroy();
+  if (p.clientRes.writableFinished) cut();
+  else p.clientRes.once("finish", cut).once("close", cut);
 }
 
 /**

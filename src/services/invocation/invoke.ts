@@ -5,19 +5,21 @@
 // window, the headers and message handed to the worker, and the window that ends in a 504.
 import { create, toBinary } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import type { IncomingMessage } from "node:http";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
 import { CallplaneError } from "../../lib/errors.js";
 import {
   bearerToken,
   endToEndPairs,
   rawPairs,
+  type Prefix,
   readPrefix,
   type RequestContext,
   sendProblem,
 } from "../../lib/http/index.js";
 import { isUuid, newRequestId } from "../../lib/ids.js";
 import type { Grant } from "../../plane/auth-cache.js";
+import { watchBody } from "./body-watch.js";
 import type { Pending, ReplicaState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
 
@@ -49,24 +51,21 @@ export async function invoke(
   const grant = await replica.auth.authorize(apiKey, functionId, functionVersionId);
   const versions = grant.functionVersions;
   const version = versions.length === 1 ? versions[0] : versions[Math.floor(Math.random() * versions.length)];
-  // The inline part of the body must arrive within the poll window: a client that stops sending
-  // before it would otherwise hold its connection with no window running.
-  let stalled: NodeJS.Timeout | undefined;
-  const body = await Promise.race([
-    readPrefix(req, replica.inlineLimit),
-    new Promise<never>((_, reject) => {
-      stalled = setTimeout(() => {
-        res.setHeader("connection", "close");
-        reject(
-          new CallplaneError(
-            "REQUEST_TIMEOUT",
-            `the request body did not arrive within the poll window (${windowSeconds} s); send it without pausing`,
-          ),
-        );
-      }, windowSeconds * 1000);
-    }),
-  ]).finally(() => clearTimeout(stalled));
-  if (res.destroyed) return;
+  // In flight from here (the key is accepted) until the client's answer (a 202 included) is out or
+  // the request ends some other way: the slot goes back in replica.release(), or below if the
+  // request ends before it is held.
+  const slot = replica.inFlightPerKey.acquire(grant.keyId);
+  let body;
+  try {
+    body = await readInline(replica, req, res, windowSeconds);
+  } catch (err) {
+    slot.release();
+    throw err;
+  }
+  if (res.destroyed) {
+    slot.release();
+    return;
+  }
   // readPrefix stops at the limit before it can see the end, so a body of exactly inlineLimit
   // bytes reads as unfinished; its Content-Length says nothing is left for GET request-attach.
   const complete =
@@ -84,6 +83,8 @@ export async function invoke(
     state: "queued",
     poll: false,
     started,
+    clientNcaId: grant.clientNcaId,
+    slot,
   };
   // The worker may call back as soon as the message is out, so the tokens are live before publishing.
   p.responseToken = replica.attachToken(p, "response");
@@ -110,6 +111,41 @@ export async function invoke(
     { requestId: p.requestId, functionId, functionVersionId: version.functionVersionId },
     "queued",
   );
+}
+
+/**
+ * The inline part of the body. It must arrive within invocation.inlineBodySeconds (and the poll
+ * window, if shorter), with no pause of invocation.bodyIdleSeconds: a client that stops or trickles
+ * gets 408 and its connection is closed, instead of holding it (and its key's slot) for the window.
+ */
+async function readInline(
+  replica: ReplicaState,
+  req: IncomingMessage,
+  res: ServerResponse,
+  windowSeconds: number,
+): Promise<Prefix> {
+  const totalMs = Math.min(replica.inlineBodyMs, windowSeconds * 1000);
+  let stop: (() => void) | undefined;
+  try {
+    return await Promise.race([
+      readPrefix(req, replica.inlineLimit),
+      new Promise<never>((_, reject) => {
+        stop = watchBody(req, { idleMs: replica.bodyIdleMs, totalMs }, (why) => {
+          res.setHeader("connection", "close");
+          reject(
+            new CallplaneError(
+              "REQUEST_TIMEOUT",
+              why === "idle"
+                ? `the request body paused for more than ${replica.bodyIdleMs / 1000} s (invocation.bodyIdleSeconds); send it without pausing`
+                : `the first ${replica.inlineLimit} bytes of the request body did not arrive within ${totalMs / 1000} s (invocation.inlineBodySeconds, or the poll window if shorter); send the body without pausing`,
+            ),
+          );
+        });
+      }),
+    ]);
+  } finally {
+    stop?.();
+  }
 }
 
 /** The poll window (NVCF-POLL-SECONDS, or the default for the kind of request), in seconds. */

@@ -3,6 +3,7 @@
 // through the callback proxy (its certificate reloaded when the files change), and the pod address
 // that tells workers where to call back.
 import type { Server as HttpsServer } from "node:https";
+import { isIP } from "node:net";
 import { Router, createHttpService, type HttpService } from "../../lib/http/index.js";
 import { createRegistry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
@@ -15,39 +16,62 @@ import type { ReplicaState } from "./state.js";
 import { ATTACH_PATH } from "../../lib/contract.js";
 import { ownPodIp, podHost } from "../../lib/net/index.js";
 
-/** The clients' routes, and the workers' attach routes (taken while draining). */
-export function clientRouter(replica: ReplicaState): Router {
-  return new Router()
+/**
+ * The clients' routes, and (unless invocation.attachOnClientPort is off: every worker calls back
+ * through the callback proxy to the worker TLS listener) the workers' attach routes, taken while
+ * draining: the contract's plaintext pod port, where in-cluster workers call back.
+ */
+export function clientRouter(replica: ReplicaState, attach = true): Router {
+  const router = new Router()
     .add("POST", "/v2/nvcf/pexec/functions/:fid", (ctx) => invoke(replica, ctx, ctx.params.fid, undefined))
     .add("POST", "/v2/nvcf/pexec/functions/:fid/versions/:vid", (ctx) =>
       invoke(replica, ctx, ctx.params.fid, ctx.params.vid),
     )
-    .add("GET", "/v2/nvcf/pexec/status/:requestId", (ctx) => pollStatus(replica, ctx))
-    .add("GET", ATTACH_PATH, (ctx) => attachRequest(replica, ctx), { duringDrain: true })
-    .add("POST", ATTACH_PATH, (ctx) => attachResponse(replica, ctx), {
-      duringDrain: true,
-    });
+    .add("GET", "/v2/nvcf/pexec/status/:requestId", (ctx) => pollStatus(replica, ctx));
+  return attach ? addAttachRoutes(router, replica) : router;
 }
 
 // With the callback proxy, workers' callbacks arrive on a TLS listener of their own, which serves
 // nothing but the attach routes (and /health).
 export function workerRouter(replica: ReplicaState): Router {
-  return new Router()
+  return addAttachRoutes(new Router(), replica);
+}
+
+function addAttachRoutes(router: Router, replica: ReplicaState): Router {
+  return router
     .add("GET", ATTACH_PATH, (ctx) => attachRequest(replica, ctx), { duringDrain: true })
     .add("POST", ATTACH_PATH, (ctx) => attachResponse(replica, ctx), {
       duringDrain: true,
     });
 }
 
-export function createClientListener(replica: ReplicaState, listen: HostPort): HttpService {
+/**
+ * The clients' listener. It serves the Host names in `hosts` (global.hosts, then the replica's own
+ * pod address and callback address once listen() knows them: the array is read per request), IP
+ * literals and localhost; any other is refused with HOST_NOT_SERVED, as a page that rebinds its
+ * own name to this address still sends that name. /metrics only where the operator says.
+ */
+export function createClientListener(
+  replica: ReplicaState,
+  listen: HostPort,
+  opts: { hosts: readonly string[]; attach: boolean; metrics: boolean },
+): HttpService {
   return createHttpService({
     name: "invocation",
     listen,
     logger: replica.logger,
     registry: replica.registry,
-    router: clientRouter(replica),
+    router: clientRouter(replica, opts.attach),
+    metrics: opts.metrics,
+    hosts: opts.hosts,
     ready: () => replica.ready(),
   });
+}
+
+/** The host name of a callback address when it is a name (an IP literal is always served). */
+export function callbackHostName(address: string): string | undefined {
+  const host = new URL(address).hostname.toLowerCase();
+  return isIP(host.replace(/^\[|\]$/g, "")) === 0 ? host.replace(/\.$/, "") : undefined;
 }
 
 /** The workers' TLS listener, with the pod certificate. */

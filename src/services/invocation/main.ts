@@ -42,6 +42,12 @@ runService(
         : undefined,
       proxyUri: proxy.enabled ? config.global.workerEndpoints.invocationProxyURL : undefined,
       relay: { enabled: config.invocation.relay.enabled, idleMs: proxy.timeouts.idleSeconds * 1000 },
+      maxInFlightPerKey: config.invocation.maxInFlightPerKey,
+      inlineBodyMs: config.invocation.inlineBodySeconds * 1000,
+      bodyIdleMs: config.invocation.bodyIdleSeconds * 1000,
+      attachOnClientPort: config.invocation.attachOnClientPort,
+      metricsOnClientPort: config.invocation.metricsOnClientPort ?? false,
+      hosts: config.global.hosts,
       logger,
     });
     const url = await service.listen();

@@ -36,6 +36,21 @@ export interface InvocationServiceOptions {
   proxyUri?: string | undefined;
   /** Relay callbacks for requests held elsewhere (found through the replica registry). */
   relay?: { enabled: boolean; registryTtlMs?: number; idleMs?: number };
+  /** The most requests one API key may have in flight on this replica (default 1024). */
+  maxInFlightPerKey?: number;
+  /** How long the inline part of a body may take to arrive (default 30 s; never past the poll window). */
+  inlineBodyMs?: number;
+  /** How long a body may send no byte while a reader waits for it (default 10 s). */
+  bodyIdleMs?: number;
+  /** Whether the client port also takes workers' callbacks (request-attach); default true. */
+  attachOnClientPort?: boolean;
+  /** Whether the client port serves GET /metrics; default false. */
+  metricsOnClientPort?: boolean;
+  /**
+   * Host names the client port serves besides IP literals, localhost and the replica's own pod
+   * address (global.hosts); a request naming another is refused with HOST_NOT_SERVED.
+   */
+  hosts?: readonly string[];
 }
 
 export interface PollSettings {

@@ -12,7 +12,7 @@ import { connectNats, REGISTRY_BUCKETS } from "../../lib/nats/index.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { Relay } from "../../plane/relay.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
-import { WorkerTlsListener, createClientListener, podAddress } from "./listeners.js";
+import { WorkerTlsListener, callbackHostName, createClientListener, podAddress } from "./listeners.js";
 import type { InvocationServiceOptions } from "./options.js";
 import { ReplicaState } from "./state.js";
 
@@ -31,7 +31,14 @@ export interface InvocationService {
 export function createInvocationService(opts: InvocationServiceOptions): InvocationService {
   const replica = new ReplicaState(opts);
   const { logger, holderId } = replica;
-  const http = createClientListener(replica, opts.listen);
+  // global.hosts, and (pushed by listen()) the names workers call this replica back under
+  const hosts: string[] = [...(opts.hosts ?? [])];
+  const attachOnClientPort = opts.attachOnClientPort ?? true;
+  const http = createClientListener(replica, opts.listen, {
+    hosts,
+    attach: attachOnClientPort,
+    metrics: opts.metricsOnClientPort ?? false,
+  });
   const workerTls = opts.workerTls
     ? new WorkerTlsListener(replica, opts.listen.host, opts.workerTls)
     : undefined;
@@ -55,6 +62,12 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       const url = await http.listen();
       const tlsUrl = await workerTls?.listen();
       replica.targetUri = podAddress(opts, url, tlsUrl);
+      // Workers that call back to the client port name the pod address (a pod DNS name on a
+      // cluster) or the configured callback address in Host. Only then is that name served: a
+      // name a neighbour can answer for (mDNS answers *.local on a LAN) is not served for nothing.
+      const own =
+        attachOnClientPort && (!tlsUrl || opts.selfAddress) ? callbackHostName(replica.targetUri) : undefined;
+      if (own && !hosts.includes(own)) hosts.push(own);
       if (opts.relay?.enabled) {
         replica.replicas = new ReplicaRegistry(
           nc,

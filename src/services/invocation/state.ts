@@ -20,6 +20,7 @@ import {
 } from "../../lib/metrics.js";
 import { pollBucket } from "../../lib/nats/index.js";
 import { createAuthCache, type AuthCache, type GrantVersion } from "../../plane/auth-cache.js";
+import { KeyInFlight, type KeySlot } from "../../plane/key-limit.js";
 import { PendingTable } from "../../plane/pending.js";
 import type { ReplicaRegistry } from "../../plane/registry.js";
 import type { Relay } from "../../plane/relay.js";
@@ -49,10 +50,16 @@ export interface Pending {
   /** The work message's stream sequence once its publish was confirmed (a cancel removes it by it). */
   seq?: number;
   started: number;
+  /** The account of the key that made the request (NVCF's clientNcaId): only its keys may poll it. */
+  clientNcaId: string;
+  /** The key's slot among its requests in flight on this replica, given back on release. */
+  slot: KeySlot | undefined;
 }
 
 /** What the poll bucket keeps of a request that went in progress (202), keyed by its id. */
 export interface PollRecord {
+  /** The account whose keys may poll the request; a poll with a key of another is told it does not exist. */
+  clientNcaId: string;
   functionId: string;
   functionVersionId: string;
   defaultInvocationPath: string;
@@ -105,6 +112,10 @@ export class ReplicaState {
   /** Copies of the poll bucket (as many as the work queues'). */
   private readonly queueReplicas: number | undefined;
   readonly auth: AuthCache;
+  readonly inFlightPerKey: KeyInFlight;
+  /** How long the inline part of a body may take, and how long any body may pause (ms). */
+  readonly inlineBodyMs: number;
+  readonly bodyIdleMs: number;
   readonly metrics: InvocationMetrics;
   // An attach token names the replica that holds it (the one that minted it: for a status poll,
   // the polling replica, not the request's first holder), so a callback that lands elsewhere can be
@@ -137,6 +148,9 @@ export class ReplicaState {
     this.proxyUri = opts.proxyUri;
     this.queueReplicas = opts.queue.replicas;
     this.auth = createAuthCache(opts, this.logger, this.registry);
+    this.inFlightPerKey = new KeyInFlight(opts.maxInFlightPerKey ?? 1024, "invocation.maxInFlightPerKey");
+    this.inlineBodyMs = opts.inlineBodyMs ?? 30_000;
+    this.bodyIdleMs = opts.bodyIdleMs ?? 10_000;
     this.metrics = new InvocationMetrics(this.registry);
     this.tokens = new TokenTable(this.holderId);
     this.pendings = new PendingTable<Pending>(this.metrics.inFlight);
@@ -166,6 +180,7 @@ export class ReplicaState {
   release(p: Pending): void {
     if (p.state === "done") return;
     p.state = "done";
+    p.slot?.release();
     this.pendings.release(p);
     this.tokens.delete(p.responseToken);
     this.tokens.delete(p.requestToken);

@@ -265,6 +265,8 @@ test("a large chunked body streams both ways through the replica relay with slow
   const relayer = await startService(scope, "relayer", scripts.invocation, {
     ...common,
     POD_IP: "127.0.0.1",
+    // read below: the relay's counters
+    CALLPLANE__INVOCATION__METRICS_ON_CLIENT_PORT: "true",
   });
   const holder = await startService(scope, "holder", scripts.invocation, {
     ...common,

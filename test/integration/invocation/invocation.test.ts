@@ -654,12 +654,16 @@ test(
     socket.on("data", (c: Buffer) => (answer += c.toString("latin1")));
     const closed = new Promise<void>((r) => socket.once("end", () => r()));
     socket.write(
-      `POST ${u.pathname} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${plane.fn.apiKey}\r\nNVCF-POLL-SECONDS: 1\r\nContent-Length: 100\r\n\r\nhello`,
+      `POST ${u.pathname} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${plane.fn.apiKey}\r\nNVCF-POLL-SECONDS: 1\r\nContent-Length: 100\r\n\r\nhello`,
     );
     await closed;
     assert.match(answer, /^HTTP\/1\.1 408 /, answer);
     assert.match(answer, /REQUEST_TIMEOUT/);
-    assert.match(answer, /did not arrive within the poll window \(1 s\)/);
+    // invocation.inlineBodySeconds (30 s) or the window, whichever is shorter
+    assert.match(
+      answer,
+      /did not arrive within 1 s \(invocation\.inlineBodySeconds, or the poll window if shorter\)/,
+    );
   },
 );
 
