@@ -1,6 +1,6 @@
 // A bound on each API key's requests in flight on one replica (invocation.maxInFlightPerKey,
-// grpcproxy.maxInFlightPerKey): one key cannot take every connection, timer and worker slot a
-// replica has. A request takes a slot once its key is accepted and gives it back exactly once,
+// grpcproxy.maxInFlightPerKey, which grpc-proxy applies to its calls and, in a second bound, to its
+// sessions): one key cannot take every connection, timer and worker slot a replica has. A request takes a slot once its key is accepted and gives it back exactly once,
 // however it ends (the slot's release is idempotent, so every exit path may call it).
 import { CallplaneError } from "../lib/errors.js";
 
@@ -16,6 +16,8 @@ export class KeyInFlight {
     private readonly max: number,
     /** The setting that sets `max`, named in the refusal. */
     private readonly setting: string,
+    /** What is counted, for the refusal: "requests in flight", "sessions", ... */
+    private readonly what = "requests in flight",
   ) {}
 
   /** A slot for one more request of `keyId`, or TOO_MANY_IN_FLIGHT when it has `max` already. */
@@ -24,7 +26,7 @@ export class KeyInFlight {
     if (n >= this.max) {
       throw new CallplaneError(
         "TOO_MANY_IN_FLIGHT",
-        `this API key already has ${this.max} requests in flight on this replica (${this.setting}); wait for some to finish, or spread the load over more keys`,
+        `this API key already has ${this.max} ${this.what} on this replica (${this.setting}); wait for some to finish, or spread the load over more keys`,
       );
     }
     this.counts.set(keyId, n + 1);

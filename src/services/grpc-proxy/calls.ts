@@ -26,7 +26,7 @@ import type { Logger } from "../../lib/log.js";
 import type { AuthCache } from "../../plane/auth-cache.js";
 import type { HostNames } from "../../lib/http/index.js";
 import { admitCall, grpcGrant } from "./admission.js";
-import type { KeyBudget } from "./in-flight.js";
+import type { KeyInFlight } from "../../plane/key-limit.js";
 import { first } from "./metadata.js";
 import type { GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
@@ -50,7 +50,7 @@ export interface CallDeps {
   /** The host names the client port serves besides IP literals and localhost (global.hosts). */
   hosts: HostNames;
   /** Each key's calls in flight on this replica (grpcproxy.maxInFlightPerKey). */
-  callBudget: KeyBudget;
+  callBudget: KeyInFlight;
 }
 
 export class Calls {
@@ -78,7 +78,7 @@ export class Calls {
       const apiKey = apiKeyOf(headers);
       const { functionId, pinned } = routingOf(headers);
       const grant = grpcGrant(await this.deps.auth.authorize(apiKey, functionId, pinned), pinned);
-      release = this.deps.callBudget.take(grant.keyId);
+      release = this.deps.callBudget.acquire(grant.keyId).release;
       const resumeId = resumeIdOf(headers);
       session = resumeId
         ? await this.deps.sessions.resume(conn, resumeId, grant, functionId, pinned)

@@ -27,7 +27,7 @@ import { createAuthCache } from "../../plane/auth-cache.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
 import { Calls } from "./calls.js";
-import { KeyBudget } from "./in-flight.js";
+import { KeyInFlight } from "../../plane/key-limit.js";
 import { ClientListener, WorkerListeners, connectUriFor } from "./listeners.js";
 import { grpcProxyMetrics } from "./metrics.js";
 import type { GrpcProxyOptions, GrpcProxyUrls } from "./options.js";
@@ -49,7 +49,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
   const maxInFlightPerKey = opts.maxInFlightPerKey ?? 1024;
   const sessions = new SessionTable({
     state,
-    budget: new KeyBudget(maxInFlightPerKey, "sessions"),
+    budget: new KeyInFlight(maxInFlightPerKey, "grpcproxy.maxInFlightPerKey", "sessions"),
     logger,
     holderId,
     region: opts.region,
@@ -65,7 +65,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     logger,
     holderId,
     hosts: opts.hosts ?? [],
-    callBudget: new KeyBudget(maxInFlightPerKey, "calls in flight"),
+    callBudget: new KeyInFlight(maxInFlightPerKey, "grpcproxy.maxInFlightPerKey", "calls in flight"),
   });
   const tunnels = new Tunnels({ sessions, state, metrics, logger, holderId, listenHost: opts.listen.host });
   const clients = new ClientListener(opts, calls, { logger, registry });

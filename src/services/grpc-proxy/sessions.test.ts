@@ -9,7 +9,7 @@ import { CallplaneError, type ErrorCode } from "../../lib/errors.js";
 import { silentLogger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
 import type { Grant } from "../../plane/auth-cache.js";
-import { KeyBudget } from "./in-flight.js";
+import { KeyInFlight } from "../../plane/key-limit.js";
 import { grpcProxyMetrics } from "./metrics.js";
 import { SessionTable } from "./sessions.js";
 import { ProxyState } from "./state.js";
@@ -50,7 +50,7 @@ function table(t: TestContext, limit = 8) {
     idleMs: 30_000,
     tokenTtlMs: 30_000,
     metrics: grpcProxyMetrics(createRegistry("t", { defaultMetrics: false })),
-    budget: new KeyBudget(limit, "sessions"),
+    budget: new KeyInFlight(limit, "grpcproxy.maxInFlightPerKey", "sessions"),
   });
   t.after(() => {
     sessions.endAll(new CallplaneError("SHUTTING_DOWN", "test over"), "test over");

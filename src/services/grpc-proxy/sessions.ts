@@ -21,7 +21,7 @@ import { PendingTable } from "../../plane/pending.js";
 import { TokenTable } from "../../plane/tokens.js";
 import { cookieValue, first } from "./metadata.js";
 import type { GrpcProxyMetrics } from "./metrics.js";
-import type { KeyBudget } from "./in-flight.js";
+import type { KeyInFlight } from "../../plane/key-limit.js";
 import { Session } from "./session.js";
 import type { ProxyState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
@@ -52,7 +52,7 @@ export interface SessionTableDeps {
   tokenTtlMs: number;
   metrics: Pick<GrpcProxyMetrics, "openSessions" | "waitingSessions">;
   /** Each key's sessions held here (grpcproxy.maxInFlightPerKey). */
-  budget: KeyBudget;
+  budget: KeyInFlight;
 }
 
 export class SessionTable {
@@ -206,7 +206,7 @@ export class SessionTable {
     grant: Pick<Grant, "clientNcaId" | "keyId">,
   ): Session {
     const { tokenTtlMs } = this.deps;
-    const release = this.deps.budget.take(grant.keyId);
+    const release = this.deps.budget.acquire(grant.keyId).release;
     const s = new Session(
       requestId,
       functionId,
