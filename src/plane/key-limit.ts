@@ -5,8 +5,8 @@
 import { CallplaneError } from "../lib/errors.js";
 
 export interface KeySlot {
-  /** Gives the slot back; later calls do nothing. */
-  release(): void;
+  /** Gives the slot back; later calls do nothing (a function, so it may be passed on alone). */
+  readonly release: () => void;
 }
 
 export class KeyInFlight {
