@@ -178,7 +178,9 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
       );
       return;
     }
-    if (opts.hosts !== undefined) {
+    // An HTTP/1.0 request without Host (a load balancer's health check) names no host a page could
+    // have rebound; HTTP/1.1 without Host was refused above, and browsers always send one.
+    if (opts.hosts !== undefined && req.headers.host !== undefined) {
       try {
         requireHostServed(req.headers.host, opts.hosts, opts.name);
       } catch (err) {
