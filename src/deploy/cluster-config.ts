@@ -405,6 +405,8 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
   setAt(doc, "adminIssuerProxy.signingKeyFile", `${MOUNTS.issuerKey}/admin-issuer.key.pem`);
   setAt(doc, "adminIssuerProxy.publicKeyFile", `${MOUNTS.issuerKey}/admin-issuer.pub.pem`);
   setAt(doc, "adminIssuerProxy.operatorCredentialFile", `${MOUNTS.issuerOperator}/issuer-operator.secret`);
+  // a port-forwarded connection arrives on the pod's loopback: only the credential counts there
+  setAt(doc, "adminIssuerProxy.peerCredentials", false);
   setAt(doc, "global.hosts", clusterHosts(config, names));
   setAt(doc, "auth.adminPublicKeyFile", `${MOUNTS.adminKey}/admin-signing.pub.pem`);
   // never mounted: the stack's admin signing key stays with the operator (`callplane admin token`)

@@ -220,7 +220,7 @@ export async function startIssuer(
   t: Ctx,
   privateKeyFile: string,
   ttlSeconds = 43_200,
-  opts: { hosts?: string[] } = {},
+  opts: { hosts?: string[]; peerCredentials?: boolean } = {},
 ): Promise<TestIssuer> {
   const dir = mkdtempSync(join(tmpdir(), "callplane-issuer-"));
   t.after(() => removeDir(dir));
@@ -233,6 +233,7 @@ export async function startIssuer(
     ttlSeconds,
     operatorCredential: credential,
     hosts: opts.hosts ?? [],
+    peerCredentials: opts.peerCredentials ?? false,
   });
   const url = (await issuer.listen()).origin;
   t.after(() => issuer.destroy());

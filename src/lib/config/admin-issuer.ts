@@ -16,6 +16,7 @@ export const adminIssuerProxySection = section({
   signingKeyFile: z.string().default(""),
   publicKeyFile: z.string().default(""),
   operatorCredentialFile: z.string().default(""),
+  peerCredentials: z.boolean().default(true),
   gateway: section({ enabled: z.boolean().default(true) }),
 });
 

@@ -26,6 +26,7 @@ runService("admin-issuer", async (config, logger) => {
     ttlSeconds: config.adminIssuerProxy.tokenTtlSeconds,
     operatorCredential,
     hosts: config.global.hosts,
+    peerCredentials: config.adminIssuerProxy.peerCredentials,
     logger,
   });
   const url = await issuer.listen();

@@ -3,8 +3,10 @@
 // an admin token can run code as the stack's user. In order: it answers only the Host names it
 // serves (IP literals, localhost, global.hosts: a DNS-rebinding page sends its own name), no
 // browser (any Origin header), only JSON (no form or text a page can send without a preflight), and
-// mints only for a caller presenting the operator credential, a secret in a file of mode 0600 that
-// only the account running the stack can read (`callplane init` reads it). An install with its own
+// mints only for the operator: a caller presenting the operator credential, a secret in a file of
+// mode 0600 that only the account running the stack can read (`callplane init` reads it), or, on one
+// machine (peerCredentials), a loopback caller whose process runs as that account (or root), as the
+// kernel's socket table says: the same people, proved without the file. An install with its own
 // identity provider turns it off (adminIssuerProxy.enabled: false): then it is not started, its key
 // is not loaded, and the API refuses the tokens it issued before.
 import { createHash, timingSafeEqual } from "node:crypto";
@@ -22,7 +24,7 @@ import {
 } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, Counter, type Registry } from "../../lib/metrics.js";
-import type { HostPort } from "../../lib/net/index.js";
+import { loopbackPeerUid, type HostPort } from "../../lib/net/index.js";
 
 export interface AdminIssuerOptions {
   listen: HostPort;
@@ -32,6 +34,11 @@ export interface AdminIssuerOptions {
   operatorCredential: string;
   /** Host names served besides IP literals and localhost (global.hosts). */
   hosts: HostNames;
+  /**
+   * Whether a loopback caller running as this process's user (or root) is the operator without
+   * the credential (adminIssuerProxy.peerCredentials; off on Kubernetes).
+   */
+  peerCredentials?: boolean;
   logger?: Logger;
   registry?: Registry;
 }
@@ -54,12 +61,14 @@ export function createAdminIssuer(opts: AdminIssuerOptions) {
   router.add("POST", "/v1/admin/keys", async ({ req, res }) => {
     // (the Host and Origin checks ran before any route: createHttpService's hosts and refuseBrowsers)
     const type = req.headers["content-type"];
-    if (type !== undefined && !isJsonContentType(type))
+    if (type === undefined || !isJsonContentType(type))
       throw new CallplaneError(
         "UNSUPPORTED_MEDIA_TYPE",
-        `the issuer takes only Content-Type: application/json (or no body at all), not ${JSON.stringify(type.slice(0, 100))}`,
+        type === undefined
+          ? "the issuer takes only requests with Content-Type: application/json (and the body {})"
+          : `the issuer takes only Content-Type: application/json, not ${JSON.stringify(type.slice(0, 100))}`,
       );
-    requireOperator(req, credentialDigest);
+    requireOperator(req, credentialDigest, opts.peerCredentials === true);
     // The body is `{}` (as upstream): the issuer cannot be asked for other scopes or a longer life,
     // and a request that tries is refused rather than silently answered with the defaults.
     const body = await readJson(req, 16 * 1024);
@@ -139,12 +148,23 @@ function digest(text: string): Buffer {
   return createHash("sha256").update(text, "utf8").digest();
 }
 
-/** Refuses a caller without the operator credential (`Authorization: Bearer <secret>`), compared in constant time. */
-function requireOperator(req: IncomingMessage, credentialDigest: Buffer): void {
+/** Whether the caller's process runs as this process's user, or root (peer credentials on loopback). */
+function peerIsOperator(req: IncomingMessage): boolean {
+  const uid = loopbackPeerUid(req.socket);
+  return uid !== undefined && (uid === 0 || uid === process.getuid?.());
+}
+
+/**
+ * Refuses a caller that is not the operator: without the operator credential (`Authorization:
+ * Bearer <secret>`, compared in constant time) and, when `peers` is on, not a loopback process of
+ * the stack's own user.
+ */
+function requireOperator(req: IncomingMessage, credentialDigest: Buffer, peers: boolean): void {
   const how =
     "present the operator credential as Authorization: Bearer <secret>, the contents of adminIssuerProxy.operatorCredentialFile " +
     "(readable only by the account that runs the stack); `callplane init` run as that account does this";
   const h = req.headers.authorization;
+  if (h === undefined && peers && peerIsOperator(req)) return;
   if (h === undefined)
     throw new CallplaneError(
       "OPERATOR_CREDENTIAL_REQUIRED",

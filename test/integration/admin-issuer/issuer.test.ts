@@ -151,7 +151,11 @@ test("the issued token works against the API", async (t) => {
 test("the issuer's ttl sets expires_at; a body is optional", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile, 600);
-  const r = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, { method: "POST", token: issuer.credential });
+  const r = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, {
+    method: "POST",
+    token: issuer.credential,
+    headers: { "content-type": "application/json" },
+  });
   assert.equal(r.status, 200, r.text);
   assert.equal(Date.parse(r.body.expires_at) - Date.parse(r.body.created_at), 600_000);
   const malformed = await call(`${issuer.url}/v1/admin/keys`, {

@@ -4,9 +4,11 @@
 // refused with its code and no token; then what the operator does works: the credential the stack
 // writes (mode 0600), `callplane init` from the stack's folder, the names of global.hosts.
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { chmodSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
+import { promisify } from "node:util";
 import { decodeJwt } from "jose";
 import { loadConfig } from "../../../src/lib/config/index.js";
 import { LocalStack } from "../../../src/stack/stack.js";
@@ -27,6 +29,8 @@ const CLEAN_ENV: NodeJS.ProcessEnv = {
   CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
 };
 
+const execFileAsync = promisify(execFile);
+
 test("every hostile request in the corpus's issuer section is refused, and none gets a token", async (t) => {
   const api = await startApi(t);
   const issuer = await startIssuer(t, api.issuerKeyFile);
@@ -41,7 +45,7 @@ test("every hostile request in the corpus's issuer section is refused, and none 
     });
   }
   // what the refusals say: what was wrong and what to do
-  const [bare] = corpusSection("issuer");
+  const bare = corpusSection("issuer").find((e) => e.name === "JSON without the operator credential")!;
   const said = await sendEntry(issuer.url, bare, vars);
   assert.match(said.body?.detail ?? "", /operator credential.*Authorization: Bearer.*callplane init/);
 });
@@ -56,6 +60,7 @@ test("with the operator credential the issuer mints a plane-wide token, with or 
   const bare = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, {
     method: "POST",
     token: issuer.credential,
+    headers: { "content-type": "application/json" },
   });
   assert.equal(bare.status, 200, bare.text);
   const charset = await call<AdminKey>(`${issuer.url}/v1/admin/keys`, {
@@ -72,6 +77,24 @@ test("with the operator credential the issuer mints a plane-wide token, with or 
     token: issuer.credential,
   });
   assert.equal(local.status, 200, local.text);
+});
+
+test("peer credentials: a loopback caller of the stack's own user mints without the file; another user does not", async (t) => {
+  const api = await startApi(t);
+  const issuer = await startIssuer(t, api.issuerKeyFile, 43_200, { peerCredentials: true });
+  // this process runs as the issuer's user
+  const mine = await call<{ value: string }>(`${issuer.url}/v1/admin/keys`, { body: {} });
+  assert.equal(mine.status, 200, mine.text);
+  assert.equal(typeof mine.body.value, "string");
+  // the same request from a process of another user (nobody), as a function instance would send it
+  if (process.getuid?.() !== 0) return t.skip("needs root to run a process as another user");
+  const script = `fetch(${JSON.stringify(`${issuer.url}/v1/admin/keys`)}, {method: "POST", headers: {"content-type": "application/json"}, body: "{}"}).then(async (r) => { console.log(r.status, await r.text()); })`;
+  // (asynchronously: the issuer answers from this process's event loop)
+  const other = await execFileAsync(process.execPath, ["-e", script], { uid: 65534, gid: 65534, cwd: "/" });
+  assert.match(other.stdout, /^401 .*OPERATOR_CREDENTIAL_REQUIRED/);
+  // and without a content type, even this user gets nothing
+  const bare = await fetch(`${issuer.url}/v1/admin/keys`, { method: "POST" });
+  assert.equal(bare.status, 415, await bare.text());
 });
 
 test("behind a gateway the issuer answers the names of global.hosts, and only those", async (t) => {
