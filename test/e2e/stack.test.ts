@@ -217,10 +217,7 @@ async function invoke(url: string, fid: string, key: string, payload: unknown) {
 async function adminToken(info: StackJson): Promise<string> {
   // the issuer mints only for the operator: the credential the stack wrote (stack.json names it)
   const credential = readFileSync(info.issuerCredentialFile, "utf8").trim();
-  const r = await call<{ value: string }>(`${info.issuer}/v1/admin/keys`, {
-    method: "POST",
-    token: credential,
-  });
+  const r = await call<{ value: string }>(`${info.issuer}/v1/admin/keys`, { body: {}, token: credential });
   assert.equal(r.status, 200, r.text);
   return r.body.value;
 }
