@@ -55,8 +55,9 @@ export function loopbackPeerUid(socket: Socket): number | undefined {
   }
   for (const line of table.split("\n")) {
     const f = line.trim().split(/\s+/);
-    // sl local_address rem_address st tx:rx tr:when retrnsmt uid ...
-    if (f[1] === peer && f[2] === us) {
+    // sl local_address rem_address st tx:rx tr:when retrnsmt uid ...; only an established
+    // connection (st 01): a closed one's row (TIME_WAIT) shows uid 0 whoever owned it
+    if (f[1] === peer && f[2] === us && f[3] === "01") {
       const uid = Number(f[7]);
       return Number.isInteger(uid) ? uid : undefined;
     }

@@ -100,6 +100,21 @@ test("keys of the same account share their sessions", async (t) => {
   assert.equal(published.length, 1, "one work message for the session");
 });
 
+test("on one connection, a call of another account never joins this account's session", (t) => {
+  const { sessions, published } = table(t);
+  const shared = conn();
+  const a = sessions.sessionFor(shared, grant("acct-a", "key-1"), FN, undefined);
+  assert.equal(
+    sessions.sessionFor(shared, grant("acct-a", "key-2"), FN, undefined),
+    a,
+    "same account: joined",
+  );
+  const b = sessions.sessionFor(shared, grant("acct-b", "key-9"), FN, undefined);
+  assert.notEqual(b, a, "another account's call starts its own session");
+  assert.equal(b.owner, "acct-b");
+  assert.equal(published.length, 2);
+});
+
 test("a key holds at most maxInFlightPerKey sessions here; an ended one gives its place back", (t) => {
   const { sessions, published } = table(t, 2);
   const a = sessions.sessionFor(conn(), grant("acct-a", "key-1"), FN, undefined);

@@ -81,9 +81,11 @@ export class SessionTable {
       routes = new Map();
       this.byConnection.set(conn, routes);
     }
-    const route = `${functionId}|${pinned ?? ""}`;
+    // keyed by the caller's account too: a connection that carries calls of several accounts (a
+    // gateway pooling its upstream connections) never puts one account's call in another's session
+    const route = routeKey(grant, functionId, pinned);
     const known = routes.get(route);
-    if (known && known.state !== "closed") return known;
+    if (known && known.state !== "closed" && known.owner === grant.clientNcaId) return known;
     const versions = grant.functionVersions;
     const version =
       versions.length === 1 ? versions[0] : versions[Math.floor(Math.random() * versions.length)];
@@ -124,7 +126,7 @@ export class SessionTable {
     if (held && held.state !== "closed") {
       if (held.owner !== grant.clientNcaId) throw unknown;
       if (!fits(held)) throw notFound(`session ${requestId} belongs to another function`);
-      this.byConnection.get(conn)?.set(`${functionId}|${pinned ?? ""}`, held);
+      this.byConnection.get(conn)?.set(routeKey(grant, functionId, pinned), held);
       return held;
     }
     // Held by another replica, or by this one before its tunnel closed: the worker that serves it
@@ -166,7 +168,7 @@ export class SessionTable {
       }
     }
     if (!s) throw failure;
-    this.byConnection.get(conn)?.set(`${functionId}|${pinned ?? ""}`, s);
+    this.byConnection.get(conn)?.set(routeKey(grant, functionId, pinned), s);
     return s;
   }
 
@@ -270,4 +272,9 @@ export class SessionTable {
       }),
     );
   }
+}
+
+/** Where a connection keeps its session for a caller's account and a routing. */
+function routeKey(grant: Grant, functionId: string, pinned: string | undefined): string {
+  return `${grant.clientNcaId}|${functionId}|${pinned ?? ""}`;
 }

@@ -183,8 +183,11 @@ describe("accounts and scoped keys", () => {
       body: { authorizedParty: { ncaId: w.accountB } },
     });
     assert.equal(share.status, 200, share.text);
-    const seen = (await list(w.keyB)).find((f) => f.id === w.fn.id);
+    const seen = (await list(w.keyB)).find((f) => f.id === w.fn.id) as
+      (FunctionDto & Record<string, unknown>) | undefined;
     assert.equal(seen?.ownedByDifferentAccount, true);
+    for (const owners of ["containerEnvironment", "containerArgs", "activeInstances", "secrets"])
+      assert.equal(seen?.[owners], undefined, `${owners} stays the owner's`);
     const granted = await invocationAuth(w, w.keyB, w.fn.id);
     assert.equal(granted.status, 200, granted.text);
     assert.equal(granted.body.clientNcaId, w.accountB, "requests belong to the caller's account");

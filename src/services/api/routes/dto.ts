@@ -44,11 +44,12 @@ export function functionDto(
   viewer?: string,
 ) {
   const s = v.spec;
-  return {
+  const shared = viewer !== undefined && viewer !== v.ncaId;
+  const dto = {
     id: v.functionId,
     versionId: v.versionId,
     ncaId: v.ncaId,
-    ...(viewer !== undefined && viewer !== v.ncaId ? { ownedByDifferentAccount: true } : {}),
+    ...(shared ? { ownedByDifferentAccount: true } : {}),
     name: v.name,
     status: functionStatus(deployment, instances),
     inferenceUrl: s.inferenceUrl,
@@ -67,6 +68,17 @@ export function functionDto(
     // names only, as NVCF's FunctionDto: values never leave the secret store here
     secrets: secretNames,
   };
+  if (!shared) return dto;
+  // an account the function is shared with invokes it; how the owner runs it (arguments,
+  // environment values, instances, secret names) stays the owner's
+  const {
+    containerArgs: _args,
+    containerEnvironment: _env,
+    activeInstances: _instances,
+    secrets: _secrets,
+    ...seen
+  } = dto;
+  return seen;
 }
 
 /** The names of the secrets each version holds (none without a secret store). */
