@@ -340,7 +340,6 @@ test(
   "a key of another account resuming a session (nvcf-reqid or cookie, either replica) gets what an unknown id gets",
   { timeout: 90_000 },
   async (t) => {
-    // needs accounts in the API (POST /v1/accounts, keys made with callplane-account): fails until they are merged
     const plane = await startGrpcPlane(t, { hosts: ["127.0.70.1", "127.0.70.2"] });
     const a = await unary(grpcClient(t, plane.proxies[0].target), echoMessage("a"), meta(plane.fn));
     assert.equal(a.err, null, String(a.err?.details));
@@ -353,12 +352,13 @@ test(
     assert.equal(account.status, 200, `POST /v1/accounts: ${account.text}`);
     const foreignKey = await newKey(plane, { "callplane-account": account.body.account.id });
     // shared with the other account (NVCF's function authorization API), the function is one its key
-    // may call; the session stays the first account's either way
+    // may call: what refuses it is the session's owner, not the function's
     const share = await call(`${plane.api.url}/v2/nvcf/authorizations/functions/${plane.fn.functionId}/add`, {
+      method: "PATCH",
       token: admin,
       body: { authorizedParty: { ncaId: account.body.account.id } },
     });
-    t.diagnostic(`sharing the function with the other account: ${share.status}`);
+    assert.equal(share.status, 200, share.text);
     const unknownId = "00000000-0000-8000-8000-000000000000";
     for (const p of plane.proxies) {
       for (const how of ["nvcf-reqid", "cookie"] as const) {
