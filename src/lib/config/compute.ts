@@ -4,7 +4,7 @@ import { cidr, hostPort, seconds, section } from "./fields.js";
 import { podAnnotations, resources } from "./kubernetes.js";
 
 export const computeSection = section({
-  backend: z.enum(["local"]).default("local"),
+  backend: z.enum(["local", "kubernetes"]).default("local"),
   podAnnotations: podAnnotations(),
   resources: resources("100m", "256Mi", "1Gi"),
   local: section({
@@ -16,6 +16,33 @@ export const computeSection = section({
       .regex(/^$|^[a-z_][a-z0-9_-]*[$]?$/i, "must be empty or a user name (letters, digits, _ and -)")
       .max(32)
       .default(""),
+  }),
+  kubernetes: section({
+    // "": in a pod, the cluster's own API server (KUBERNETES_SERVICE_HOST) and service account
+    apiServer: z.string().default(""),
+    caFile: z.string().default(""),
+    tokenFile: z.string().default(""),
+    // "": nats.url (workers in pods usually reach NATS by a cluster DNS name instead)
+    workerNatsUrl: z.string().default(""),
+    gpuResource: z.string().min(1).default("nvidia.com/gpu"),
+    unschedulableSeconds: seconds(300, 86_400),
+    terminationGraceSeconds: z.number().int().min(1).max(86_400).default(120),
+    // empty: the instance types are found on the cluster's nodes (nvidia.com/gpu.product, .count)
+    instanceTypes: z
+      .array(
+        z.strictObject({
+          name: z
+            .string()
+            .regex(
+              /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/,
+              "must be letters, digits, dots, dashes and underscores",
+            ),
+          gpu: z.string().min(1).max(128),
+          gpuCount: z.number().int().min(0).max(64),
+          nodeSelector: z.record(z.string(), z.string()).default({}),
+        }),
+      )
+      .default([]),
   }),
   secrets: section({
     dir: z.string().default(""),
@@ -31,7 +58,9 @@ export const computeSection = section({
   }),
   workerIdentity: section({
     // "" is the default source, never "off": no worker starts without an identity
-    tokenSource: z.enum(["", "api"], { error: 'must be "" (the default source) or api' }).default(""),
+    tokenSource: z
+      .enum(["", "api", "psat"], { error: 'must be "" (the default source), api or psat' })
+      .default(""),
     clusterId: z
       .string()
       .regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, "must be letters, digits, dots, dashes and underscores")
@@ -48,4 +77,18 @@ export function restartBackoffProblems(c: { compute: ComputeConfig }): string[] 
     p.push("compute.restartBackoff.initialSeconds is larger than compute.restartBackoff.maxSeconds");
   }
   return p;
+}
+
+/** The token source fits the backend: pod tokens exist only in pods, API-signed files only locally. */
+export function tokenSourceProblems(c: { compute: ComputeConfig }): string[] {
+  const { backend, workerIdentity } = c.compute;
+  if (backend === "local" && workerIdentity.tokenSource === "psat")
+    return [
+      "compute.workerIdentity.tokenSource is psat, but compute.backend is local: projected pod tokens exist only on the kubernetes backend; leave it empty (or api)",
+    ];
+  if (backend === "kubernetes" && workerIdentity.tokenSource === "api")
+    return [
+      "compute.workerIdentity.tokenSource is api, but compute.backend is kubernetes: pods get their cluster's projected token (psat); leave it empty (or psat)",
+    ];
+  return [];
 }

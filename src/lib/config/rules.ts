@@ -4,7 +4,7 @@
 import { issuerListenProblems } from "./admin-issuer.js";
 import { databaseProblems } from "./api.js";
 import { frontendProblems, invocationProxyUrlProblems, splitPlaneProblems } from "./callback-proxy.js";
-import { restartBackoffProblems } from "./compute.js";
+import { restartBackoffProblems, tokenSourceProblems } from "./compute.js";
 import { grpcProxyProblems } from "./grpc-proxy.js";
 import { attachProblems, invocationRelayProblems, pollProblems } from "./invocation.js";
 import { autoscalingProblems } from "./kubernetes.js";
@@ -28,6 +28,7 @@ export function crossFieldProblems(
     ...natsProblems(c, explicitlyEmpty),
     ...grpcProxyProblems(c),
     ...restartBackoffProblems(c),
+    ...tokenSourceProblems(c),
     ...pollProblems(c),
     ...autoscalingProblems(c),
     ...frontendProblems(c),

@@ -2,6 +2,7 @@
 // problems listed) in. Each section's fields and defaults live in its own module.
 import { z } from "zod";
 import { adminIssuerProxySection } from "./admin-issuer.js";
+import { admissionWebhookSection } from "./admission-webhook.js";
 import { apiSection, apikeysSection, essSection } from "./api.js";
 import { authSection } from "./auth.js";
 import { natsAuthCalloutServiceSection } from "./auth-callout.js";
@@ -33,6 +34,7 @@ export const configSchema = z.strictObject({
   workerCallbackProxy: workerCallbackProxySection,
   grpcproxy: grpcproxySection,
   compute: computeSection,
+  admissionWebhook: admissionWebhookSection,
   ingress: ingressSection,
   kubernetes: kubernetesSection,
 });
