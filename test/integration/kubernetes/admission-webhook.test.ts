@@ -3,7 +3,7 @@
 // `callplane render` writes for examples/kubernetes.yaml, with its clientConfig pointed at
 // https://127.0.0.1:<port>/validate (the API server on loopback reaches no Service) and that CA as
 // its caBundle (what cert-manager would inject). So are the namespaces (labelled for the namespace
-// selector) and the compute agent's ServiceAccount, Role and RoleBinding. Proved: every pod-bearing
+// selector) and the compute agent's ServiceAccount, Role, RoleBinding and ClusterRole(Binding). Proved: every pod-bearing
 // kind with either account field is refused by the API server, the webhook's message reaches the
 // client and nothing reaches etcd; the agent's own token creates a worker pod; a TokenRequest for a
 // worker account is refused for an admin and allowed for a node; other namespaces are not reviewed;
@@ -193,6 +193,8 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
     ...pick("ServiceAccount", "compute-agent"),
     ...pick("Role", "compute-agent"),
     ...pick("RoleBinding", "compute-agent"),
+    ...pick("ClusterRole"),
+    ...pick("ClusterRoleBinding"),
     registration,
   ];
   for (const r of await k.apply(setup)) assert.equal(r.error, undefined, `${r.path}: ${r.error?.message}`);
@@ -303,6 +305,8 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
         gracePeriodSeconds: 0,
         tolerateMissing: false,
       });
+      // and its ClusterRole reads the nodes (the instance types)
+      await agent.list(kubePaths.nodes());
     },
   );
 
