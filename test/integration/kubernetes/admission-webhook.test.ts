@@ -3,11 +3,12 @@
 // `callplane render` writes for examples/kubernetes.yaml, with its clientConfig pointed at
 // https://127.0.0.1:<port>/validate (the API server on loopback reaches no Service) and that CA as
 // its caBundle (what cert-manager would inject). So are the namespaces (labelled for the namespace
-// selector) and the compute agent's ServiceAccount, Role, RoleBinding and ClusterRole(Binding). Proved: every pod-bearing
-// kind with either account field is refused by the API server, the webhook's message reaches the
-// client and nothing reaches etcd; the agent's own token creates a worker pod; a TokenRequest for a
-// worker account is refused for an admin and allowed for a node; other namespaces are not reviewed;
-// with no webhook answering, the workers' namespace takes no pod (failure policy Fail).
+// selector) and the compute agent's ServiceAccount, Role, RoleBinding, ClusterRole and its binding.
+// Proved: every pod-bearing kind with either account field is refused by the API server, the
+// webhook's message reaches the client and nothing reaches etcd; the agent's own token creates a
+// worker pod; a TokenRequest for a worker account is refused for an admin and allowed for a node;
+// other namespaces are not reviewed; with no webhook answering, the workers' namespace takes no pod
+// (failure policy Fail).
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
