@@ -96,6 +96,8 @@ export const ERROR_CODES = {
   CONNECT_UNAUTHENTICATED: { status: 401, kind: "user", title: "CONNECT without a token" },
   CONNECT_REQUEST_ID_INVALID: { status: 400, kind: "user", title: "CONNECT without a valid request id" },
   CONNECT_TOKEN_INVALID: { status: 403, kind: "user", title: "Invalid CONNECT token" },
+  // the admission webhook (kubernetes backend)
+  ADMISSION_REVIEW_INVALID: { status: 400, kind: "user", title: "Invalid AdmissionReview" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
   INTERNAL: { status: 500, kind: "system", title: "Internal error" },
@@ -185,6 +187,7 @@ export const GRPC_STATUS: Record<ErrorCode, GrpcStatus> = {
   NATS_ACCOUNT_REFUSED: GRPC.PERMISSION_DENIED,
   WORKER_AUTH_MODE_OFF: GRPC.PERMISSION_DENIED,
   IDENTITY_NOT_FOUND: GRPC.NOT_FOUND,
+  ADMISSION_REVIEW_INVALID: GRPC.INVALID_ARGUMENT,
 };
 
 export interface Problem {
