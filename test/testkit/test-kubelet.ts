@@ -30,7 +30,7 @@ import {
   renameSync,
   writeFileSync,
 } from "node:fs";
-import { tmpdir } from "node:os";
+import { constants, tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import type { TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -94,7 +94,7 @@ export interface TestKubeletPod {
   ip: string;
   /** The pod's folder: volumes/<volume name>/... */
   dir: string;
-  /** Running containers' pids (each leads its own process group), by container name. */
+  /** Running containers' pids, by container name. */
   pids: Record<string, number>;
   restarts: Record<string, number>;
   ready: boolean;
@@ -176,7 +176,8 @@ const extendedRequests = (p: Pod) => {
       if (k.includes("/")) sum[k] = (sum[k] ?? 0) + Number(v);
   return sum;
 };
-const isReady = (c: Ctr) => !!c.proc && (!c.spec.readinessProbe || c.ready);
+/** Running, and passing its httpGet readiness probe if it has one (exec and tcpSocket probes are not run). */
+const isReady = (c: Ctr) => !!c.proc && (!c.spec.readinessProbe?.httpGet || c.ready);
 
 export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<TestKubelet> {
   const { client, namespace: ns, repoRoot } = o;
@@ -448,7 +449,6 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
         env: { PATH: process.env.PATH ?? "/usr/bin:/bin", ...env, ...how.env },
         cwd: run.dir,
         stdio: ["ignore", out, out],
-        detached: true, // its own process group: signals reach whatever it starts
       });
       closeSync(out);
     } catch (err) {
@@ -467,7 +467,7 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
       const exit = (code: number | null, signal: NodeJS.Signals | null) => {
         if (c.proc !== proc) return; // "error" and "exit" both came
         c.proc = undefined;
-        const exitCode = code ?? 128 + (signal === "SIGKILL" ? 9 : 15);
+        const exitCode = code ?? 128 + (signal ? constants.signals[signal] : 0);
         c.last = { exitCode, reason: exitCode === 0 ? "Completed" : "Error", startedAt, finishedAt: now() };
         resolve();
         restart(known.get(run.uid) ?? pod, run, c, Date.now() - Date.parse(startedAt));
@@ -506,7 +506,7 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
     run.terminating = true;
     for (const c of run.ctrs) clearTimeout(c.timer);
     const signal = (sig: NodeJS.Signals) => {
-      for (const c of run.ctrs) if (c.proc?.pid) tryKill(-c.proc.pid, sig);
+      for (const c of run.ctrs) c.proc?.kill(sig);
     };
     const all = Promise.all(run.ctrs.flatMap((c) => (c.proc && c.exited ? [c.exited] : [])));
     signal(graceMs > 0 ? "SIGTERM" : "SIGKILL");
@@ -723,8 +723,7 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
   await watch.synced;
 
   const killAll = () => {
-    for (const run of runs.values())
-      for (const c of run.ctrs) if (c.proc?.pid) tryKill(-c.proc.pid, "SIGKILL");
+    for (const run of runs.values()) for (const c of run.ctrs) c.proc?.kill("SIGKILL");
   };
   process.on("exit", killAll);
   let stopping: Promise<void> | undefined;
@@ -756,12 +755,4 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
       })),
     stop,
   };
-}
-
-function tryKill(pid: number, sig: NodeJS.Signals): void {
-  try {
-    process.kill(pid, sig);
-  } catch {
-    // gone already
-  }
 }

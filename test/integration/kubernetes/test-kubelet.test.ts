@@ -1,25 +1,27 @@
 // The test kubelet against a real kube-apiserver (Node,RBAC authorization, ServiceAccount admission):
 // it binds a pod as the scheduler would, mounts the pod's bound token, its Secret and an emptyDir,
 // runs its containers as local processes with the pod's environment, reports Running and Ready,
-// and on deletion stops the processes and makes the final delete. The kubelet authenticates as its
-// node, so the Node authorizer decides which Secrets and tokens it may have.
+// and on deletion stops the processes and makes the final delete. It authenticates as its node
+// alone (the harness's node token is also in system:masters, which would hide a missing
+// permission), so the Node authorizer decides which Secrets and tokens it may have; the binding
+// is made as system:kube-scheduler. Both identities come from a token webhook of the test's own.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { createHash, generateKeyPairSync, randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { createServer } from "node:https";
+import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
-
-type Ctx = Pick<TestContext, "after">;
-import { KubeClient, kubePaths, type KubeObject } from "../../../src/lib/kube/index.js";
+import { kubePaths, type KubeError, type KubeObject } from "../../../src/lib/kube/index.js";
 import { waitFor } from "../../testkit/client.js";
+import { startKubeApiServer } from "../../testkit/kube-apiserver.js";
 import { distRoot, repoRoot } from "../../testkit/paths.js";
-import { freePort } from "../../testkit/plane.js";
 import { running } from "../../testkit/proc.js";
 import { reverseScope, tmpDir } from "../../testkit/scope.js";
 import { startTestKubelet } from "../../testkit/test-kubelet.js";
+import { testPki } from "../../testkit/tls.js";
 
-const BIN = join(process.env.HOME ?? "/root", ".cache/callplane/kubernetes-1.20.2/bin");
+type Ctx = Pick<TestContext, "after">;
 const NS = "workers";
 const AUDIENCE = "nvcf-icms:test";
 
@@ -38,69 +40,56 @@ type Pod = KubeObject & {
   };
 };
 
-/** etcd and kube-apiserver on loopback, with an admin, a node and a scheduler identity (tokens). */
-async function startApiServer(t: Ctx) {
-  const dir = tmpDir(t, "kube-");
-  const { publicKey, privateKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
-  writeFileSync(join(dir, "sa.pub"), publicKey.export({ type: "spki", format: "pem" }));
-  writeFileSync(join(dir, "sa.key"), privateKey.export({ type: "pkcs8", format: "pem" }));
+/**
+ * A token authentication webhook (TokenReview) knowing two users: the node, in system:nodes only,
+ * and the scheduler. Answers the API server's flags and the tokens.
+ */
+async function identities(t: Ctx) {
   const token = () => randomBytes(16).toString("hex");
-  const tokens = { admin: token(), node: token(), scheduler: token() };
-  writeFileSync(
-    join(dir, "tokens.csv"),
-    `${tokens.admin},admin,admin,system:masters\n${tokens.node},system:node:test-node,node,system:nodes\n` +
-      `${tokens.scheduler},system:kube-scheduler,scheduler\n`,
-  );
-  const [etcdPort, peerPort, apiPort] = [
-    await freePort("127.0.0.1"),
-    await freePort("127.0.0.1"),
-    await freePort("127.0.0.1"),
-  ];
-  const etcdUrl = `http://127.0.0.1:${etcdPort}`;
-  const start = (cmd: string, args: string[]) => {
-    const p = spawn(cmd, args, { stdio: ["ignore", "ignore", "ignore"] });
-    t.after(async () => {
-      if (p.exitCode !== null) return;
-      p.kill("SIGKILL");
-      await new Promise((r) => p.once("exit", r));
+  const tokens = { node: token(), scheduler: token() };
+  const users: Record<string, { username: string; uid: string; groups: string[] }> = {
+    [tokens.node]: { username: "system:node:test-node", uid: "node", groups: ["system:nodes"] },
+    [tokens.scheduler]: { username: "system:kube-scheduler", uid: "scheduler", groups: [] },
+  };
+  const pki = await testPki();
+  const cert = await pki.issue(["127.0.0.1"]);
+  const server = createServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
+    let body = "";
+    req.on("data", (c: Buffer) => (body += c.toString()));
+    req.on("end", () => {
+      const review = JSON.parse(body) as {
+        apiVersion: string;
+        spec: { token: string; audiences?: string[] };
+      };
+      const user = users[review.spec.token];
+      const status = user
+        ? { authenticated: true, user, audiences: review.spec.audiences }
+        : { authenticated: false };
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ apiVersion: review.apiVersion, kind: "TokenReview", status }));
     });
-  };
-  start("/usr/bin/etcd", [
-    `--data-dir=${join(dir, "etcd")}`,
-    `--listen-client-urls=${etcdUrl}`,
-    `--advertise-client-urls=${etcdUrl}`,
-    `--listen-peer-urls=http://127.0.0.1:${peerPort}`,
-  ]);
-  const issuer = "https://kubernetes.default.svc.cluster.local";
-  start(join(BIN, "kube-apiserver"), [
-    `--etcd-servers=${etcdUrl}`,
-    "--bind-address=127.0.0.1",
-    `--secure-port=${apiPort}`,
-    `--cert-dir=${join(dir, "certs")}`,
-    `--token-auth-file=${join(dir, "tokens.csv")}`,
-    `--service-account-issuer=${issuer}`,
-    `--service-account-key-file=${join(dir, "sa.pub")}`,
-    `--service-account-signing-key-file=${join(dir, "sa.key")}`,
-    `--api-audiences=${issuer}`,
-    "--authorization-mode=Node,RBAC",
-    "--service-cluster-ip-range=10.96.0.0/16",
-    "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,ValidatingAdmissionWebhook",
-  ]);
-  const caFile = join(dir, "certs", "apiserver.crt"); // the self-signed certificate and its CA
-  await waitFor("the API server's certificate", () => existsSync(caFile), 30_000);
-  const server = `https://127.0.0.1:${apiPort}`;
-  const client = (who: keyof typeof tokens) => {
-    const c = new KubeClient({ server, caPem: readFileSync(caFile, "utf8"), token: tokens[who] });
-    t.after(() => c.close());
-    return c;
-  };
-  const admin = client("admin");
-  await waitFor(
-    "the API server to be ready",
-    async () => (await admin.send("GET", "/readyz")).statusCode === 200,
-    { timeoutMs: 60_000, intervalMs: 250 },
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  t.after(() => new Promise((r) => server.close(r)));
+  const config = join(tmpDir(t, "kubelet-auth-"), "webhook.kubeconfig");
+  const ca = Buffer.from(pki.ca.certPem).toString("base64");
+  const url = `https://127.0.0.1:${(server.address() as AddressInfo).port}/`;
+  writeFileSync(
+    config,
+    JSON.stringify({
+      apiVersion: "v1",
+      kind: "Config",
+      clusters: [{ name: "auth", cluster: { server: url, "certificate-authority-data": ca } }],
+      users: [{ name: "apiserver", user: {} }],
+      contexts: [{ name: "auth", context: { cluster: "auth", user: "apiserver" } }],
+      "current-context": "auth",
+    }),
   );
-  return { admin, node: client("node"), scheduler: client("scheduler") };
+  const args = [
+    `--authentication-token-webhook-config-file=${config}`,
+    "--authentication-token-webhook-version=v1",
+  ];
+  return { args, tokens };
 }
 
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
@@ -112,15 +101,16 @@ const jwtPayload = (jwt: string) =>
   JSON.parse(Buffer.from(jwt.split(".")[1], "base64url").toString()) as Record<string, unknown>;
 
 test("the test kubelet runs a pod's containers as processes, with its token, Secret and status", async (t) => {
-  if (!existsSync(join(BIN, "kube-apiserver"))) return t.skip("no kube-apiserver binary (scripts build it)");
   const scope = reverseScope(t); // what starts last stops first: the kubelet before the API server
-  const { admin, node, scheduler } = await startApiServer(scope);
-  const ns = (obj: object) => ({ ...obj, metadata: { ...(obj as KubeObject).metadata, namespace: NS } });
-  await admin.create(kubePaths.namespaces(), { apiVersion: "v1", kind: "Namespace", metadata: { name: NS } });
-  await admin.create(
-    kubePaths.serviceAccounts(NS),
-    ns({ apiVersion: "v1", kind: "ServiceAccount", metadata: { name: "sa-p1" } }),
-  );
+  const who = await identities(scope);
+  const kube = await startKubeApiServer(scope, { extraApiServerArgs: who.args });
+  const [admin, node, scheduler] = [
+    kube.admin,
+    kube.clientAs(who.tokens.node),
+    kube.clientAs(who.tokens.scheduler),
+  ];
+  await kube.createNamespace(NS);
+  await kube.createServiceAccount(NS, "sa-p1");
   const secret = (name: string, data: Record<string, string>) => ({
     apiVersion: "v1",
     kind: "Secret",
@@ -129,6 +119,9 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
   });
   await admin.create(kubePaths.secrets(NS), secret("p1-secrets", { "secrets.json": '{"k":"v1"}' }));
   await admin.create(kubePaths.secrets(NS), secret("p1-worker", { FOO: "bar", KEY: "k-value" }));
+  await admin.create(kubePaths.secrets(NS), secret("unrelated", { x: "y" }));
+  // the node is a node, not a master: a Secret no pod of its own names is out of its reach
+  await assert.rejects(node.get(kubePaths.secrets(NS, "unrelated")), (e: KubeError) => e.status === 403);
 
   const kubelet = await startTestKubelet(scope, {
     client: node,
@@ -246,7 +239,7 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
       const ready = p.status.conditions?.find((c) => c.type === "Ready")?.status === "True";
       return p.status.phase === "Running" && ready && p;
     },
-    { timeoutMs: 20_000, intervalMs: 200 },
+    { timeoutMs: 40_000, intervalMs: 200 },
   );
   assert.equal(p1.spec.nodeName, "test-node");
   assert.match(p1.status.podIP ?? "", /^127\.0\.166\.\d+$/);
@@ -294,7 +287,7 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
   await waitFor(
     "the new secret value",
     async () => (await getJson(`http://${ip}:16680/secrets?name=k`)).body.value === "v2",
-    10_000,
+    20_000,
   );
 
   // an image it cannot run, a container that keeps exiting, a pod that fits no node
@@ -327,9 +320,10 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
         p
       );
     },
-    { timeoutMs: 20_000, intervalMs: 200 },
+    { timeoutMs: 40_000, intervalMs: 200 },
   );
   assert.equal(p2.status.phase, "Pending");
+  assert.ok((kubelet.pods().find((p) => p.name === "p2")?.restarts.crash ?? 0) >= 2);
   assert.equal(p2.status.containerStatuses?.[0]?.state.waiting?.reason, "ErrImagePull");
   assert.match(
     p2.status.containerStatuses?.[0]?.state.waiting?.message ?? "",
@@ -339,10 +333,14 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
     ["p3", "didn't match node selector"],
     ["p4", "Insufficient nvidia.com/gpu"],
   ] as const) {
-    const p = await waitFor(`${name} unschedulable`, async () => {
-      const p = await admin.get<Pod>(kubePaths.pods(NS, name));
-      return p.status.conditions?.find((c) => c.type === "PodScheduled" && c.status === "False") && p;
-    });
+    const p = await waitFor(
+      `${name} unschedulable`,
+      async () => {
+        const p = await admin.get<Pod>(kubePaths.pods(NS, name));
+        return p.status.conditions?.find((c) => c.type === "PodScheduled" && c.status === "False") && p;
+      },
+      15_000,
+    );
     const cond = p.status.conditions!.find((c) => c.type === "PodScheduled")!;
     assert.equal(cond.reason, "Unschedulable");
     assert.ok(cond.message?.includes(why), cond.message);
@@ -357,7 +355,7 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
   await waitFor(
     "p1 gone",
     async () => !(await admin.list(kubePaths.pods(NS))).items.some((p) => p.metadata?.name === "p1"),
-    10_000,
+    20_000,
   );
   assert.deepEqual(pids.filter(running), []);
   await waitFor("p1's folder removed", () => !existsSync(info.dir), 5000);
@@ -367,6 +365,6 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
   await waitFor(
     "p4 bound",
     async () => (await admin.get<Pod>(kubePaths.pods(NS, "p4"))).spec.nodeName === "test-node",
-    10_000,
+    20_000,
   );
 });
