@@ -1,12 +1,13 @@
 // `npm run bench [-- --quick]`: every benchmark of the report, then bench/RESULTS.md (bench/report.ts)
 // `npm run bench -- invoke [--seconds N] [--connections N] [--workers N] [--concurrency N] [--rounds N]`
-// `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets [options]`: one benchmark alone
+// `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets|kubernetes [options]`: one benchmark alone
 // `npm run bench -- all [--quick] [--only invoke,proxy] [--out FILE]`: the report, or part of it
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { cleanup, stopAll } from "./harness.js";
 import { benchGrpc } from "./grpc.js";
 import { benchInvoke } from "./invoke.js";
+import { benchKubernetes } from "./kubernetes.js";
 import { benchPending } from "./pending.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
 import { reportMain } from "./report.js";
@@ -211,6 +212,23 @@ async function main(): Promise<void> {
       memoryFloorMiB: flag("memory-floor-mib", 6144),
     });
     console.log(JSON.stringify(result, null, 2));
+  } else if (which === "kubernetes") {
+    result = await benchKubernetes({ instances: flag("instances", 1000) });
+    const p = result.provisioning as Record<string, unknown>;
+    const a = result.adoption as Record<string, unknown>;
+    const b = result.baseline as Record<string, number>;
+    console.log(
+      `\nkubernetes compute backend (kube-apiserver 1.20.2 + etcd on loopback, no kubelet), ${String(result.machine)}`,
+    );
+    console.log(
+      `  provisioning ${String(result.instances)} instances (account, role, binding, 2 Secrets, pod each): ${String(p.seconds)} s (${String(p.podsPerSecond)} pods/s), ${String(p.apiRequestsPerPod)} API requests per pod, agent peak RSS ${String(p.agentPeakRssMiB)} MiB; objects ${JSON.stringify(p.objects)}`,
+    );
+    console.log(
+      `  baseline: ${String(result.instances)} bare pods straight to the API server (16 at a time): ${b.barePodsSeconds} s (${b.barePodsPerSecond} pods/s); callplane's provisioning at ${String(p.ratioToBarePods)}x that rate`,
+    );
+    console.log(
+      `  adoption after a restart: ${String(a.seconds)} s to the first report of ${String(a.reported)} instances; pods ${String(a.podsBefore)} before, ${String(a.podsAfter)} after, ${String(a.sameUid)} with the same uid; agent peak RSS ${String(a.agentPeakRssMiB)} MiB`,
+    );
   } else if (which === "secrets") {
     result = await benchSecrets({
       iterations: flag("iterations", 2000),
@@ -232,7 +250,7 @@ async function main(): Promise<void> {
     console.log(`  (${String(result.notes)})`);
   } else {
     throw new UsageError(
-      `unknown benchmark ${which}; use all (the default), invoke, stream, sse, proxy, grpc, scale, pending or secrets`,
+      `unknown benchmark ${which}; use all (the default), invoke, stream, sse, proxy, grpc, scale, pending, secrets or kubernetes`,
     );
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");

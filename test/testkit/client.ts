@@ -32,9 +32,17 @@ export async function problemOf(res: Response, status: number): Promise<ProblemB
 export async function waitFor<T>(
   what: string,
   check: () => Promise<T | undefined | false> | T | undefined | false,
-  opts: number | { timeoutMs?: number; intervalMs?: number } = {},
+  opts:
+    | number
+    | {
+        timeoutMs?: number;
+        intervalMs?: number;
+        /** What else to say when it times out (the processes' output, say). */
+        onTimeout?: () => string | Promise<string>;
+      } = {},
 ): Promise<T> {
   const { timeoutMs = 5000, intervalMs = 50 } = typeof opts === "number" ? { timeoutMs: opts } : opts;
+  const onTimeout = typeof opts === "number" ? undefined : opts.onTimeout;
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   for (;;) {
@@ -44,8 +52,10 @@ export async function waitFor<T>(
     } catch (err) {
       last = err;
     }
-    if (Date.now() > deadline)
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`, { cause: last });
+    if (Date.now() > deadline) {
+      const more = onTimeout ? `\n${await onTimeout()}` : "";
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${more}`, { cause: last });
+    }
     await sleep(intervalMs);
   }
 }
