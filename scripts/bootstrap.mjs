@@ -1,7 +1,7 @@
 // The README's two commands run through here: `npm start` and `npm test` (and `npm run bench`).
 // This file has no dependencies, so it can run on a fresh clone: it installs npm packages when the
 // lockfile changed, builds the TypeScript, finds or installs nats-server 2.10+ (and, for the tests,
-// Python's grpcio), then hands over.
+// Python's grpcio, and kube-apiserver with etcd), then hands over.
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
@@ -101,6 +101,19 @@ function ensureNatsServer() {
   const path = out.trim().split("\n").pop();
   process.env.CALLPLANE_NATS_SERVER = path;
   return path;
+}
+
+// The kubernetes compute backend's tests run a real kube-apiserver (and kube-controller-manager) with
+// etcd: found, or built once per machine from Debian's source into a cache outside the clone.
+function ensureKubernetes() {
+  const out = run("bash", [join(root, "scripts", "ensure-kubernetes.sh")], {
+    capture: true,
+    what: "finding (or building) kube-apiserver and etcd",
+    timed: true,
+  });
+  const [bin, etcd] = out.trim().split("\n").slice(-2);
+  process.env.CALLPLANE_KUBE_BIN = bin;
+  process.env.CALLPLANE_ETCD = etcd;
 }
 
 function exec(cmd, args) {
@@ -242,6 +255,7 @@ switch (command) {
     ensureNatsServer();
     // the gRPC tests call grpc-proxy with Python's grpcio as well (Debian's python3-grpcio)
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
+    ensureKubernetes();
     runChecks();
     runTests(["unit", "integration", "e2e"], rest);
     break;
@@ -256,6 +270,7 @@ switch (command) {
   case "e2e": {
     ensureNatsServer();
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
+    ensureKubernetes();
     runTests([command], rest);
     break;
   }
@@ -267,6 +282,7 @@ switch (command) {
   }
   case "bench": {
     ensureNatsServer();
+    ensureKubernetes();
     exec(process.execPath, [join(root, "dist", "bench", "run.js"), ...rest]);
     break;
   }

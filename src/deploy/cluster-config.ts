@@ -13,7 +13,7 @@
 import { isIP } from "node:net";
 import type { Config } from "../lib/config/index.js";
 import { cidrContains, parseCidr, parseHostPort } from "../lib/net/index.js";
-import { MOUNTS, NATS_CLUSTER_SIZE, SERVICES, WORKLOADS, type Workload } from "./layout.js";
+import { MOUNTS, NATS_CLUSTER_SIZE, SERVICES, TLS_SECRETS, WORKLOADS, type Workload } from "./layout.js";
 
 export type RawDocument = Record<string, unknown>;
 
@@ -166,6 +166,8 @@ export interface ClusterPlan {
     proxy: number;
     proxyMetrics: number;
     compute: number;
+    /** The admission webhook's (0 unless compute.backend is kubernetes: then it is rendered). */
+    webhook: number;
   };
   podNetworks: string[];
   /** Whether the file left the proxy's pod networks unset (render says what it used). */
@@ -190,6 +192,7 @@ const MANIFEST_ONLY = [
   "invocation.replicaCount",
   "invocation.autoscaling",
   "grpcproxy.deployment",
+  "admissionWebhook.replicas",
   "workerCallbackProxy.replicaCount",
   "workerCallbackProxy.autoscaling",
   "workerCallbackProxy.service",
@@ -211,6 +214,7 @@ const PER_SERVICE = [
   "adminIssuerProxy",
   "natsAuthCalloutService",
   "compute",
+  "admissionWebhook",
   "nats",
 ];
 
@@ -243,6 +247,8 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     return port;
   };
   const proxy = config.workerCallbackProxy;
+  // the backend that runs instances as pods: the admission webhook and the agent's RBAC come with it
+  const kubeBackend = config.compute.backend === "kubernetes";
   const ports = {
     api: portOf("api.listen", config.api.listen),
     issuer: portOf("adminIssuerProxy.listen", config.adminIssuerProxy.listen),
@@ -254,6 +260,7 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     proxy: portOf("workerCallbackProxy.listen", proxy.listen),
     proxyMetrics: portOf("workerCallbackProxy.metricsListen", proxy.metricsListen),
     compute: portOf("compute.listen", config.compute.listen),
+    webhook: kubeBackend ? portOf("admissionWebhook.listen", config.admissionWebhook.listen) : 0,
   };
 
   p.push(...annotationConflicts(config));
@@ -279,6 +286,7 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     "global.workerEndpoints.grpcProxyWorkerConnectURL",
     "grpcproxy.workerConnectBaseURL",
     "invocation.selfAddress",
+    "compute.kubernetes.workerNatsUrl",
     ...(config.nats.server.enabled ? [] : ["nats.url"]),
   ];
   for (const key of urlKeys) {
@@ -374,6 +382,14 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     p.push(
       "workerCallbackProxy.tls.frontend.certFile names a file on this machine, which the proxy's pods do not have: on Kubernetes the frontend certificate comes from a Secret. Set workerCallbackProxy.tls.frontend.existingSecret to a kubernetes.io/tls Secret holding it, or workerCallbackProxy.tls.frontend.certificate.issuerRef to the issuer that should issue it",
     );
+  if (
+    kubeBackend &&
+    (rawAt(raw, "admissionWebhook.tls.certFile") !== undefined ||
+      rawAt(raw, "admissionWebhook.tls.keyFile") !== undefined)
+  )
+    notes.push(
+      `admissionWebhook.tls.certFile and keyFile are replaced by where the webhook's pods mount the Secret ${TLS_SECRETS.webhook}, which cert-manager writes for its Certificate (the API server trusts it through the CA cert-manager injects into the ValidatingWebhookConfiguration)`,
+    );
   const gtls = config.grpcproxy.tls;
   if (gtls.enabled)
     notes.push(
@@ -441,6 +457,12 @@ export function planCluster(config: Config, raw: RawDocument): ClusterPlan | { p
     setAt(doc, "grpcproxy.tls.keyFile", `${MOUNTS.grpcClientTls}/tls.key`);
   }
   setAt(doc, "compute.listen", any(ports.compute));
+  if (kubeBackend) {
+    setAt(doc, "admissionWebhook.listen", any(ports.webhook));
+    // cert-manager's Secret for the webhook's Certificate, mounted in its pods
+    setAt(doc, "admissionWebhook.tls.certFile", `${MOUNTS.webhookTls}/tls.crt`);
+    setAt(doc, "admissionWebhook.tls.keyFile", `${MOUNTS.webhookTls}/tls.key`);
+  }
   if (mek.provider === "file") setAt(doc, "secrets.mek.file", `${MOUNTS.mek}/mek.json`);
   else deleteAt(doc, "secrets.mek.file");
   prune(doc);

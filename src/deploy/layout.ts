@@ -4,6 +4,7 @@
 // admin-token-issuer-proxy, nats), and the Service names are the ones workers' callback addresses
 // name: `<dashed-ip>.invocation.<serviceDomain>` and `<dashed-ip>.grpc-headless.<serviceDomain>`
 // are answered by cluster DNS only for headless Services of exactly those names.
+import { COMPUTE_AGENT_ACCOUNT } from "../lib/config/index.js";
 
 /** One callplane service as it is deployed. */
 export interface Workload {
@@ -44,7 +45,15 @@ export const WORKLOADS = {
     dir: "nats-auth-callout",
     section: "natsAuthCalloutService",
   },
-  compute: { name: "compute-agent", component: "compute", dir: "compute", section: "compute" },
+  // the name is the agent's ServiceAccount too, the one identity the admission webhook lets use the
+  // reserved nvcf-worker-* accounts (lib/config: COMPUTE_AGENT_ACCOUNT)
+  compute: { name: COMPUTE_AGENT_ACCOUNT, component: "compute", dir: "compute", section: "compute" },
+  webhook: {
+    name: "callplane-admission-webhook",
+    component: "admission-webhook",
+    dir: "admission-webhook",
+    section: "admissionWebhook",
+  },
   nats: { name: "nats", component: "nats", dir: "", section: "nats" },
 } as const satisfies Record<string, Workload>;
 
@@ -60,6 +69,20 @@ export const SERVICES = {
   proxy: "worker-callback-proxy",
   nats: "nats",
   natsHeadless: "nats-headless",
+} as const;
+
+/**
+ * The admission webhook's names (the kubernetes backend only). Its Service is not among SERVICES:
+ * only the API server calls it, by this name, so no pod serves it as a Host (clusterHosts).
+ */
+export const ADMISSION_WEBHOOK = {
+  service: "callplane-admission-webhook",
+  /** Its port on the Service: the one the API server dials unless told otherwise. */
+  servicePort: 443,
+  path: "/validate",
+  /** The webhook's name in its configuration: a fully qualified name, in the API server's denials. */
+  webhookName: "reserved-worker-accounts.callplane.io",
+  certificate: "callplane-admission-webhook",
 } as const;
 
 /** Where the pods find their files. Every file path of the environment file is replaced by one of these. */
@@ -83,6 +106,7 @@ export const MOUNTS = {
   /** An operator's frontend certificate (existingSecret or another issuer). */
   proxyFrontendOwn: "/etc/callplane/proxy-frontend",
   podTls: "/etc/callplane/pod-tls",
+  webhookTls: "/etc/callplane/admission-webhook-tls",
   grpcClientTls: "/etc/callplane/grpc-client-tls",
   natsConfig: "/etc/nats/config",
   natsAuth: "/etc/nats/auth",
@@ -114,6 +138,7 @@ export const TLS_SECRETS = {
   proxyFrontend: "worker-callback-proxy-frontend-tls",
   invocationPods: "invocation-service-worker-tls",
   grpcPods: "grpc-proxy-worker-tls",
+  webhook: "callplane-admission-webhook-tls",
 } as const;
 
 export const ISSUERS = {

@@ -32,6 +32,7 @@ export const ERROR_CODES = {
   FUNCTION_NAME_TAKEN: { status: 409, kind: "user", title: "Function name already in use" },
   DEPLOYMENT_EXISTS: { status: 409, kind: "user", title: "Deployment already exists" },
   VERSION_DEPLOYED: { status: 409, kind: "user", title: "Function version is deployed" },
+  INSTANCE_TYPE_UNAVAILABLE: { status: 400, kind: "user", title: "Instance type not offered" },
   ISSUER_DISABLED: { status: 404, kind: "user", title: "Admin token issuer disabled" },
   TOKEN_ISSUER_DISABLED: { status: 401, kind: "user", title: "Token from a disabled issuer" },
   TOKEN_REVOKED: { status: 401, kind: "user", title: "Token revoked" },
@@ -95,6 +96,8 @@ export const ERROR_CODES = {
   CONNECT_UNAUTHENTICATED: { status: 401, kind: "user", title: "CONNECT without a token" },
   CONNECT_REQUEST_ID_INVALID: { status: 400, kind: "user", title: "CONNECT without a valid request id" },
   CONNECT_TOKEN_INVALID: { status: 403, kind: "user", title: "Invalid CONNECT token" },
+  // the admission webhook (kubernetes backend)
+  ADMISSION_REVIEW_INVALID: { status: 400, kind: "user", title: "Invalid AdmissionReview" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
   INTERNAL: { status: 500, kind: "system", title: "Internal error" },
@@ -171,6 +174,7 @@ export const GRPC_STATUS: Record<ErrorCode, GrpcStatus> = {
   ACCOUNT_FORBIDDEN: GRPC.PERMISSION_DENIED,
   POLICY_NOT_ENFORCEABLE: GRPC.INVALID_ARGUMENT,
   IMAGE_DISABLED: GRPC.FAILED_PRECONDITION,
+  INSTANCE_TYPE_UNAVAILABLE: GRPC.INVALID_ARGUMENT,
   SECRET_NOT_FOUND: GRPC.NOT_FOUND,
   SECRET_UNREADABLE: GRPC.INTERNAL,
   SECRET_KEY_UNAVAILABLE: GRPC.UNAVAILABLE,
@@ -183,6 +187,7 @@ export const GRPC_STATUS: Record<ErrorCode, GrpcStatus> = {
   NATS_ACCOUNT_REFUSED: GRPC.PERMISSION_DENIED,
   WORKER_AUTH_MODE_OFF: GRPC.PERMISSION_DENIED,
   IDENTITY_NOT_FOUND: GRPC.NOT_FOUND,
+  ADMISSION_REVIEW_INVALID: GRPC.INVALID_ARGUMENT,
 };
 
 export interface Problem {

@@ -11,7 +11,8 @@
 // and, not re-exported here: tls.ts (certificates), inference.ts (example inference servers),
 // plane.ts (a whole plane in this process), processes.ts (services as child processes),
 // two-networks.ts (the plane split across a network namespace), grpc.ts, trust.ts, netns.ts,
-// nats-cluster.ts, postgres.ts, hosts.ts, proc.ts.
+// nats-cluster.ts, postgres.ts, hosts.ts, proc.ts, kube-apiserver.ts (etcd + kube-apiserver 1.20,
+// optionally kube-controller-manager, on loopback).
 export { distRoot, repoRoot } from "./paths.js";
 export { removeDir, tmpDir } from "./scope.js";
 export { startNats, startTestCallout, type Nats } from "./nats.js";

@@ -83,6 +83,11 @@ export interface StartApiOptions {
   port?: number;
   /** compute.local.allowCommand: functions may have the image local/command (off by default). */
   allowLocalCommand?: boolean;
+  /**
+   * compute.backend (local by default): with local, the cluster `clusterId` ("test") always offers
+   * local/local.cpu; with kubernetes, deployments may name only the instance types registered.
+   */
+  computeBackend?: "local" | "kubernetes";
   /** Host names served besides IP literals and localhost (global.hosts); unset: any Host. */
   hosts?: string[];
 }
@@ -142,6 +147,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     ...(opts.logger ? { logger: opts.logger } : {}),
     ...(opts.maxBodyBytes ? { maxBodyBytes: opts.maxBodyBytes } : {}),
     allowLocalCommand: opts.allowLocalCommand ?? false,
+    compute: { backend: opts.computeBackend ?? "local", clusterId: opts.clusterId ?? "test" },
     ...(opts.hosts ? { hosts: opts.hosts } : {}),
     workerTrust: {
       region: opts.region ?? "test",

@@ -24,7 +24,7 @@ const repoRoot = join(import.meta.dirname, "..", "..", "..");
 const examplesDir = join(repoRoot, "examples");
 const goldenDir = join(repoRoot, "test", "fixtures", "render");
 const VERSION = "0.0.0-golden";
-const EXAMPLES = ["one-machine", "split-plane"];
+const EXAMPLES = ["one-machine", "split-plane", "kubernetes"];
 
 /** A JSON view of every object, for assertions on fields. */
 type Json = Record<string, unknown> & {
@@ -155,9 +155,13 @@ void test("split plane: three replicas of each front door, pod DNS names, budget
   assert.ok(dns("worker-callback-proxy-frontend").includes("*.worker.callplane.example.com"));
   assert.deepEqual(dns("invocation-service-worker-tls"), ["*.invocation.nvcf.svc.cluster.local"]);
   assert.deepEqual(dns("grpc-proxy-worker-tls"), ["*.grpc-headless.nvcf.svc.cluster.local"]);
-  // RBAC for the compute agent, in the workers' namespace
-  assert.equal(find(r, "Role", "compute-agent").metadata.namespace, "callplane-workers");
-  assert.ok(has(r, "RoleBinding", "compute-agent"));
+  // no RBAC for the compute agent: the local backend never calls the API server
+  assert.ok(!has(r, "Role", "compute-agent"));
+  assert.ok(!has(r, "RoleBinding", "compute-agent"));
+  // with the kubernetes backend, in the workers' namespace (test/unit/admission-review.test.ts)
+  const kube = renderExample("kubernetes");
+  assert.equal(find(kube, "Role", "compute-agent").metadata.namespace, "callplane-workers");
+  assert.ok(has(kube, "RoleBinding", "compute-agent"));
 });
 
 void test("no Secret is rendered; each one the pods reference is listed by name", () => {

@@ -86,8 +86,16 @@ export function registerDeploy(program: Command): void {
     .option("--min <count>", "fewest instances to run", integer(0, 1000), 1)
     .option("--max <count>", "most instances to run (default: --min, and at least 1)", integer(1, 1000))
     .option("--concurrency <n>", "requests one instance works on at once", integer(1, 1024), 1)
-    .option("--gpu <name>", "GPU type to run on (the local backend offers: local)", "local")
-    .option("--instance-type <name>", "instance type (the local backend offers: local.cpu)", "local.cpu")
+    .option(
+      "--gpu <name>",
+      "GPU type to run on (the local backend offers local; GET /v2/nvcf/clusterGroups lists what the clusters offer)",
+      "local",
+    )
+    .option(
+      "--instance-type <name>",
+      "instance type of that GPU (the local backend offers local.cpu; a deployment naming one no cluster offers is refused)",
+      "local.cpu",
+    )
     .action(async (ref: string, opts: CreateOptions, cmd: Command) => {
       const max = opts.max ?? Math.max(1, opts.min);
       if (opts.min > max) {

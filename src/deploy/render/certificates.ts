@@ -1,8 +1,9 @@
 // 02-certificates.yaml: cert-manager's Issuers and Certificates: the stack CA (self-signed unless
 // the operator brings one), the NATS servers' certificate, the callback proxy's frontend, and the
-// wildcard certificates the proxy checks the invocation and grpc-proxy pods by.
+// wildcard certificates the proxy checks the invocation and grpc-proxy pods by, and (kubernetes
+// backend) the admission webhook's serving certificate.
 import { Certificate, Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1";
-import { ISSUERS, SERVICES, TLS_SECRETS } from "../layout.js";
+import { ADMISSION_WEBHOOK, ISSUERS, SERVICES, TLS_SECRETS } from "../layout.js";
 import type { RenderContext } from "./context.js";
 import type { K8sObject } from "./types.js";
 
@@ -107,6 +108,19 @@ export function renderCertificates(k: RenderContext): K8sObject[] {
       out.push(
         certificate(k, "grpc-proxy-worker-tls", TLS_SECRETS.grpcPods, [`*.${f(SERVICES.grpcHeadless)}`]),
       );
+  }
+  if (k.kubeBackend) {
+    // The API server dials <service>.<namespace>.svc and checks the certificate against the CA that
+    // cert-manager injects into the ValidatingWebhookConfiguration (cert-manager.io/inject-ca-from)
+    const svc = ADMISSION_WEBHOOK.service;
+    out.push(
+      certificate(k, ADMISSION_WEBHOOK.certificate, TLS_SECRETS.webhook, [
+        svc,
+        `${svc}.${k.ns}`,
+        `${svc}.${k.ns}.svc`,
+        f(svc),
+      ]),
+    );
   }
   return out;
 }

@@ -1,11 +1,54 @@
-// 40-compute.yaml: the compute agent, one pod, and the Role in the workers' namespace that lets it
-// start and stop function instances there.
-import { Role, RoleBinding } from "kubernetes-models/rbac.authorization.k8s.io/v1";
+// 40-compute.yaml: the compute agent, one pod; with compute.backend kubernetes, the Role in the
+// workers' namespace that lets it run function instances there as pods (each with its own service
+// account, role, binding and Secrets), and the ClusterRole that lets it read the nodes (the
+// cluster's instance types). With the local backend the agent never calls the API server, so it
+// gets no permission at all.
+import {
+  ClusterRole,
+  ClusterRoleBinding,
+  Role,
+  RoleBinding,
+  type IPolicyRule,
+} from "kubernetes-models/rbac.authorization.k8s.io/v1";
 import { MOUNTS, TLS_SECRETS, WORKLOADS } from "../layout.js";
 import type { RenderContext } from "./context.js";
 import { baseVolumes, caVolume, container, podSpec, tlsVolume, tokenVolume } from "./pod.js";
 import type { K8sObject } from "./types.js";
 import { deployment, serviceAccount } from "./workload.js";
+
+/**
+ * Exactly what the agent does in the workers' namespace, and nothing else (the RBAC of upstream's
+ * agent is broader): pods it creates, watches and deletes; per pod a service account, an empty role
+ * and a binding (created, given an owner reference by patch, deleted on purge) and two Secrets (the
+ * worker's credential environment and the function's secrets.json). Creating a RoleBinding needs no
+ * `bind` verb here: the role it binds grants nothing, which the agent already holds.
+ */
+export const COMPUTE_AGENT_RULES = [
+  { apiGroups: [""], resources: ["pods"], verbs: ["get", "list", "watch", "create", "delete"] },
+  { apiGroups: [""], resources: ["serviceaccounts"], verbs: ["get", "list", "create", "delete", "patch"] },
+  {
+    apiGroups: ["rbac.authorization.k8s.io"],
+    resources: ["roles", "rolebindings"],
+    verbs: ["get", "list", "create", "delete", "patch"],
+  },
+  {
+    apiGroups: [""],
+    resources: ["secrets"],
+    verbs: ["get", "list", "create", "update", "patch", "delete"],
+  },
+] as const satisfies readonly IPolicyRule[];
+
+/** Cluster-wide, read only: the nodes' GPU labels, from which the instance types are found. */
+export const COMPUTE_AGENT_CLUSTER_RULES = [
+  { apiGroups: [""], resources: ["nodes"], verbs: ["list", "watch"] },
+] as const satisfies readonly IPolicyRule[];
+
+const rules = (list: readonly IPolicyRule[]): IPolicyRule[] =>
+  list.map((r) => ({
+    apiGroups: [...(r.apiGroups ?? [])],
+    resources: [...(r.resources ?? [])],
+    verbs: [...r.verbs],
+  }));
 
 export function renderCompute(k: RenderContext): K8sObject[] {
   const w = WORKLOADS.compute;
@@ -34,33 +77,30 @@ export function renderCompute(k: RenderContext): K8sObject[] {
     volumes,
     { graceSeconds: Math.ceil(c.compute.stopGraceSeconds) + 15 },
   );
-  const role = new Role({
-    metadata: k.meta(w.name, w, k.workerNs),
-    rules: [
-      {
-        apiGroups: [""],
-        resources: ["pods"],
-        verbs: ["get", "list", "watch", "create", "delete", "patch"],
-      },
-      { apiGroups: [""], resources: ["pods/log"], verbs: ["get"] },
-      {
-        apiGroups: [""],
-        resources: ["secrets"],
-        verbs: ["get", "list", "watch", "create", "update", "patch", "delete"],
-      },
-      { apiGroups: [""], resources: ["events"], verbs: ["create", "patch"] },
-    ],
-  });
-  const binding = new RoleBinding({
-    metadata: k.meta(w.name, w, k.workerNs),
-    roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: w.name },
-    subjects: [{ kind: "ServiceAccount", name: w.name, namespace: k.ns }],
-  });
+  // The kubernetes backend talks to the API server as its own service account: the one pod of the
+  // control plane that gets the account's token mounted (compute.kubernetes.tokenFile's default)
+  if (k.kubeBackend) spec.automountServiceAccountToken = true;
+  // one agent: two would both start instances for the same deployments
+  const agent = deployment(k, w, spec, { replicas: 1, recreate: true });
+  if (!k.kubeBackend) return [serviceAccount(k, w), agent];
+  const subject = { kind: "ServiceAccount", name: w.name, namespace: k.ns };
+  // cluster-scoped: one per control plane, so its namespace is in the name
+  const clusterName = `callplane-${k.ns}-${w.name}`;
+  const clusterMeta = { name: clusterName, labels: k.labels(w) };
   return [
     serviceAccount(k, w),
-    role,
-    binding,
-    // one agent: two would both start instances for the same deployments
-    deployment(k, w, spec, { replicas: 1, recreate: true }),
+    new Role({ metadata: k.meta(w.name, w, k.workerNs), rules: rules(COMPUTE_AGENT_RULES) }),
+    new RoleBinding({
+      metadata: k.meta(w.name, w, k.workerNs),
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: w.name },
+      subjects: [subject],
+    }),
+    new ClusterRole({ metadata: clusterMeta, rules: rules(COMPUTE_AGENT_CLUSTER_RULES) }),
+    new ClusterRoleBinding({
+      metadata: clusterMeta,
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name: clusterName },
+      subjects: [subject],
+    }),
+    agent,
   ];
 }

@@ -23,6 +23,8 @@ export class RenderContext {
   readonly proxyOn: boolean;
   readonly upstreamTls: boolean;
   readonly grpcOn: boolean;
+  /** compute.backend kubernetes: instances run as pods, guarded by the admission webhook. */
+  readonly kubeBackend: boolean;
 
   constructor(
     readonly c: Config,
@@ -43,6 +45,7 @@ export class RenderContext {
     this.proxyOn = c.workerCallbackProxy.enabled;
     this.upstreamTls = this.proxyOn && c.workerCallbackProxy.invocation.upstreamTls.enabled;
     this.grpcOn = c.grpcproxy.replicaCount > 0;
+    this.kubeBackend = c.compute.backend === "kubernetes";
   }
 
   labels(w: Workload): Labels {

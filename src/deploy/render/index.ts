@@ -9,6 +9,7 @@
 // Secrets they reference are listed in).
 import { planCluster } from "../cluster-config.js";
 import { renderAdminIssuer } from "./admin-issuer.js";
+import { renderAdmissionWebhook } from "./admission-webhook.js";
 import { renderApi } from "./api.js";
 import { renderAuthCallout } from "./auth-callout.js";
 import { renderCallbackProxy } from "./callback-proxy.js";
@@ -49,6 +50,7 @@ function renderFiles(k: RenderContext): RenderResult {
   if (k.grpcOn) files.push({ name: "31-grpc-proxy.yaml", objects: renderGrpcProxy(k) });
   if (k.proxyOn) files.push({ name: "32-worker-callback-proxy.yaml", objects: renderCallbackProxy(k) });
   files.push({ name: "40-compute.yaml", objects: renderCompute(k) });
+  if (k.kubeBackend) files.push({ name: "41-admission-webhook.yaml", objects: renderAdmissionWebhook(k) });
   if (c.ingress.gatewayApi.enabled) files.push({ name: "50-gateway.yaml", objects: renderGateway(k) });
   files.push({ name: "60-network-policies.yaml", objects: renderNetworkPolicies(k) });
   return {

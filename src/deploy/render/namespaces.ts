@@ -7,13 +7,26 @@ import type { RenderContext } from "./context.js";
 import { natsConfText } from "./nats.js";
 import type { K8sObject } from "./types.js";
 
+/**
+ * The label Kubernetes 1.21 and later put on every namespace (its name), set here for 1.20, which
+ * does not: the network policies select the control plane's namespace by it, and the admission
+ * webhook's registration the workers'.
+ */
+export const NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name";
+
 export function renderNamespaces(k: RenderContext): K8sObject[] {
   return [
-    new Namespace({ metadata: { name: k.ns, labels: k.meta(k.ns).labels } }),
+    new Namespace({
+      metadata: { name: k.ns, labels: { ...k.meta(k.ns).labels, [NAMESPACE_NAME_LABEL]: k.ns } },
+    }),
     new Namespace({
       metadata: {
         name: k.workerNs,
-        labels: { ...k.meta(k.workerNs).labels, "callplane.io/role": "workers" },
+        labels: {
+          ...k.meta(k.workerNs).labels,
+          "callplane.io/role": "workers",
+          [NAMESPACE_NAME_LABEL]: k.workerNs,
+        },
       },
     }),
   ];

@@ -1,4 +1,5 @@
-// 60-network-policies.yaml: what the workers' pods may reach, and who may reach the admin issuer.
+// 60-network-policies.yaml: what the workers' pods may reach (and that nothing may reach them), and
+// who may reach the admin issuer.
 import { NetworkPolicy, type INetworkPolicyPeer } from "kubernetes-models/networking.k8s.io/v1";
 import { NATS_PORTS, WORKLOADS, type Workload } from "../layout.js";
 import type { RenderContext } from "./context.js";
@@ -7,6 +8,10 @@ import type { K8sObject } from "./types.js";
 /**
  * Workers may reach the proxy and NATS, and nothing else (DNS aside). Without the proxy,
  * in-cluster workers call the pods back directly, so those ports are open to them instead.
+ *
+ * Both worker policies select every pod of the workers' namespace (`podSelector: {}`): the worker
+ * pods the compute agent makes (app.kubernetes.io/managed-by: callplane-compute) and anything
+ * else someone puts there, which is held to the same rules rather than left open.
  */
 export function renderNetworkPolicies(k: RenderContext): K8sObject[] {
   const inNs = (w: Workload): INetworkPolicyPeer => ({
@@ -39,6 +44,15 @@ export function renderNetworkPolicies(k: RenderContext): K8sObject[] {
     new NetworkPolicy({
       metadata: k.meta("callplane-workers-egress", undefined, k.workerNs),
       spec: { podSelector: {}, policyTypes: ["Egress"], egress },
+    }),
+    // Nothing needs to reach a worker pod: the worker pulls its work from NATS and calls back out,
+    // and the worker reaches its inference server inside the pod (a pod is never cut off from
+    // itself). The kubelet's probes come from the pod's own node, which a NetworkPolicy always
+    // lets through. So no ingress at all: another tenant's pod cannot call a function's server or
+    // its worker's health port directly, around the plane's keys.
+    new NetworkPolicy({
+      metadata: k.meta("callplane-workers-ingress", undefined, k.workerNs),
+      spec: { podSelector: {}, policyTypes: ["Ingress"], ingress: [] },
     }),
   ];
   const c = k.c;

@@ -68,9 +68,15 @@ export function resources(k: RenderContext, w: Workload) {
   };
 }
 
-export function httpProbe(port: string, failureThreshold: number, periodSeconds = 10): IProbe {
+export function httpProbe(
+  port: string,
+  failureThreshold: number,
+  periodSeconds = 10,
+  scheme?: "HTTPS",
+): IProbe {
   return {
-    httpGet: { path: "/health", port },
+    // (the kubelet does not verify an HTTPS probe's certificate)
+    httpGet: { path: "/health", port, ...(scheme ? { scheme } : {}) },
     periodSeconds,
     timeoutSeconds: 3,
     failureThreshold,
@@ -155,6 +161,8 @@ export function container(
     env?: IEnvVar[];
     mounts: IVolumeMount[];
     probePort?: string;
+    /** HTTPS: the port serves TLS only (the admission webhook). */
+    probeScheme?: "HTTPS";
     livenessFailures?: number;
   },
 ): IContainer {
@@ -167,9 +175,9 @@ export function container(
     ports: opts.ports.map((p) => ({ ...p, protocol: "TCP" })),
     ...(opts.probePort
       ? {
-          readinessProbe: httpProbe(opts.probePort, 2, 5),
-          livenessProbe: httpProbe(opts.probePort, opts.livenessFailures ?? 6),
-          startupProbe: httpProbe(opts.probePort, 60, 2),
+          readinessProbe: httpProbe(opts.probePort, 2, 5, opts.probeScheme),
+          livenessProbe: httpProbe(opts.probePort, opts.livenessFailures ?? 6, 10, opts.probeScheme),
+          startupProbe: httpProbe(opts.probePort, 60, 2, opts.probeScheme),
         }
       : {}),
     resources: resources(k, w),

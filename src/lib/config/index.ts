@@ -7,6 +7,7 @@
 // (kubernetes.ts holds what only `callplane render` reads), schema.ts (the sections in order),
 // rules.ts (the cross-field rules in order), derived.ts (derived values) and loader.ts (loadConfig).
 export { RESERVED_ANNOTATIONS, reservedAnnotation } from "./kubernetes.js";
+export { ADMISSION_WEBHOOK_STOP, COMPUTE_AGENT_ACCOUNT, computeAgentUsername } from "./admission-webhook.js";
 export { configSchema, type Config, type ConfigInput } from "./schema.js";
 export { ConfigError, loadConfig, type LoadOptions } from "./loader.js";
 export { localNatsClusterProblems } from "./nats.js";

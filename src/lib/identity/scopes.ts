@@ -13,13 +13,17 @@ export const SCOPES = [
   "manage_telemetries",
   "manage_registry_credentials",
   "cluster-management",
+  "list_cluster_groups",
   "invoke_function",
   "queue_details",
   "authorize_clients",
 ] as const;
 export type Scope = (typeof SCOPES)[number];
 
-/** What the issuer puts in an admin token (contract §5.4), plus the scopes needed to issue invoke keys. */
+/**
+ * What the issuer puts in an admin token (contract §5.4), plus the scopes needed to issue invoke
+ * keys and list_cluster_groups (which GPUs and instance types a deployment may name).
+ */
 export const ADMIN_DEFAULT_SCOPES: readonly Scope[] = [
   "register_function",
   "list_functions",
@@ -31,6 +35,7 @@ export const ADMIN_DEFAULT_SCOPES: readonly Scope[] = [
   "manage_telemetries",
   "manage_registry_credentials",
   "cluster-management",
+  "list_cluster_groups",
   "invoke_function",
   "queue_details",
   "authorize_clients",

@@ -127,6 +127,7 @@ runService("api", async (config, logger) => {
     maxBodyBytes: config.api.maxBodyBytes,
     maxKeyLifetimeDays: config.apikeys.maxLifetimeDays,
     allowLocalCommand: config.compute.local.allowCommand,
+    compute: { backend: config.compute.backend, clusterId: config.compute.workerIdentity.clusterId },
     hosts: config.global.hosts,
     workerTrust: {
       region: config.global.region,

@@ -182,6 +182,34 @@ export const deploymentSchema = z.strictObject({
     .max(16),
 });
 
+// ---- the instance types a cluster offers (registered by its compute agent)
+/** A cluster's id, as compute.workerIdentity.clusterId spells one. */
+export const CLUSTER_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+export const MAX_INSTANCE_TYPES = 256;
+
+export const instanceTypesSchema = z.strictObject({
+  backend: z.enum(["local", "kubernetes"]),
+  instanceTypes: z
+    .array(
+      z.strictObject({
+        // the same bounds as a deployment's gpu and instanceType, which must match them
+        name: safeText.min(1).max(128),
+        gpu: safeText.min(1).max(128),
+        gpuCount: z.number().int().min(0).max(64),
+      }),
+    )
+    .max(MAX_INSTANCE_TYPES, `at most ${MAX_INSTANCE_TYPES} instance types`)
+    .superRefine((list, ctx) => {
+      const seen = new Set<string>();
+      for (const [i, t] of list.entries()) {
+        if (seen.has(t.name))
+          ctx.addIssue({ code: "custom", path: [i, "name"], message: `"${t.name}" is given twice` });
+        seen.add(t.name);
+      }
+    }),
+});
+export type InstanceTypesBody = z.infer<typeof instanceTypesSchema>;
+
 export const createKeySchema = z.strictObject({
   description: safeText.max(1024).default(""),
   expires_at: z.iso

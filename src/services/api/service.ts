@@ -1,5 +1,6 @@
 // The control-plane API: functions, versions, deployments, API keys, and the internal endpoints
-// that callplane's own services use (invocation auth, desired deployments, instance reports).
+// that callplane's own services use (invocation auth, desired deployments, instance reports, the
+// instance types of each cluster).
 // This module only wires: who is calling (routes/auth.ts), worker trust (worker-trust.ts), one
 // route module per resource (routes/), and the HTTP service's lifecycle.
 import type { ServiceName } from "../../lib/identity/index.js";
@@ -20,6 +21,8 @@ import { addAuthorizationRoutes } from "./routes/authorizations.js";
 import { addKeyRoutes } from "./routes/keys.js";
 import { addSecretRoutes } from "./routes/secrets.js";
 import { addWorkerTrustRoutes } from "./routes/worker-trust.js";
+import { addClusterRoutes } from "./routes/clusters.js";
+import type { ComputeSettings } from "./instance-types.js";
 import type { SecretStore } from "./secrets/store.js";
 import type { Store } from "./store/types.js";
 import { WorkerTrust, type WorkerTrustOptions } from "./worker-trust.js";
@@ -49,6 +52,12 @@ export interface ApiServiceOptions {
   maxKeyLifetimeDays?: number;
   /** compute.local.allowCommand; off (the image local/command is refused) unless given. */
   allowLocalCommand?: boolean;
+  /**
+   * compute.backend and compute.workerIdentity.clusterId: with the local backend, that cluster
+   * always offers the local instance type (local/local.cpu); with kubernetes, only the types the
+   * agents registered count. The local backend and the cluster "local" unless given.
+   */
+  compute?: ComputeSettings;
   /**
    * Host names the API answers besides IP literals and localhost (global.hosts); another is refused
    * (HOST_NOT_SERVED), which keeps DNS-rebinding pages out. Undefined: any (tests that call by name).
@@ -87,6 +96,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     maxKeyLifetimeDays: opts.maxKeyLifetimeDays ?? 365,
     adminIssuer: opts.adminIssuer,
     allowLocalCommand: opts.allowLocalCommand ?? false,
+    compute: opts.compute ?? { backend: "local", clusterId: "local" },
   };
 
   const router = new Router();
@@ -104,6 +114,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   // ---- internal: callplane's own services
   addInvocationAuthRoutes(router, deps);
   addInstanceRoutes(router, deps);
+  // ---- clusters: the instance types they offer (registered by compute agents, listed as NVCF's cluster groups)
+  addClusterRoutes(router, deps);
   // ---- secrets (contract §5.3) and their keys
   if (opts.secrets) addSecretRoutes(router, deps);
   // ---- what a client may know before it has a token

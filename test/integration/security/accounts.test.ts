@@ -118,7 +118,9 @@ async function deploy(w: World, f: FunctionDto, headers: Record<string, string> 
     token: w.admin,
     headers,
     body: {
-      deploymentSpecifications: [{ gpu: "local", instanceType: "local", minInstances: 1, maxInstances: 1 }],
+      deploymentSpecifications: [
+        { gpu: "local", instanceType: "local.cpu", minInstances: 1, maxInstances: 1 },
+      ],
     },
   });
   assert.equal(r.status, 200, r.text);

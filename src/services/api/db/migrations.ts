@@ -188,4 +188,21 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    version: 5,
+    part: "store",
+    name: "clusters and the instance types they offer, each instance's worker identity",
+    // a cluster's list is one JSON document, so that registering replaces it in one statement (no
+    // replica sees half of an old list and half of a new one); lists are small (256 types at most)
+    // and read whole. worker_auth is NULL for instances reported without an identity.
+    sql: (t) => `
+      CREATE TABLE clusters (
+        cluster_id     TEXT PRIMARY KEY,
+        backend        TEXT NOT NULL,
+        instance_types TEXT NOT NULL,
+        updated_at     ${t.isoTime} NOT NULL
+      );
+      ALTER TABLE instances ADD COLUMN worker_auth TEXT;
+    `,
+  },
 ];

@@ -1,9 +1,11 @@
 // Deployments (contract §5.2): deploy a function version, read, change and undeploy it; and the
 // internal list of desired deployments the compute agent syncs from. Deploying, and every sync,
-// also make sure the version's work queue exists.
+// also make sure the version's work queue exists. A deployment (created or changed) names only
+// instance types some cluster offers (instance-types.ts).
 import { randomUUID } from "node:crypto";
 import { CallplaneError } from "../../../lib/errors.js";
 import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
+import { checkInstanceTypes } from "../instance-types.js";
 import { deploymentSchema, parseBody } from "../schemas.js";
 import type { DeploymentRecord } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
@@ -44,6 +46,7 @@ async function createDeployment(deps: ApiDeps, { req, res, params }: RequestCont
   const reach = await deps.auth.caller(req, "deploy_function");
   const v = await reach.version("deploy_function", params.fid, params.vid);
   const body = parseBody(deploymentSchema, await readJsonBody(deps, req));
+  await checkInstanceTypes(deps.store, deps.compute, body.deploymentSpecifications);
   const now = new Date().toISOString();
   const d: DeploymentRecord = {
     deploymentId: randomUUID(),
@@ -89,6 +92,7 @@ async function updateDeployment(deps: ApiDeps, { req, res, params }: RequestCont
   const reach = await deps.auth.caller(req, "deploy_function");
   const d = await loadDeployment(deps, reach, params.fid, params.vid);
   const body = parseBody(deploymentSchema, await readJsonBody(deps, req));
+  await checkInstanceTypes(deps.store, deps.compute, body.deploymentSpecifications);
   const now = new Date().toISOString();
   await deps.store.updateDeployment(d.functionId, d.versionId, body.deploymentSpecifications, now);
   deps.logger.info({ deploymentId: d.deploymentId }, "deployment updated");

@@ -5,6 +5,7 @@ import type { IncomingMessage } from "node:http";
 import { CallplaneError } from "../../../lib/errors.js";
 import { readJson } from "../../../lib/http/index.js";
 import type { Logger } from "../../../lib/log.js";
+import type { ComputeSettings } from "../instance-types.js";
 import type { SecretStore } from "../secrets/store.js";
 import type { Store } from "../store/types.js";
 import type { WorkerTrust } from "../worker-trust.js";
@@ -27,6 +28,8 @@ export interface ApiDeps {
   adminIssuer: { enabled: boolean; gatewayEnabled: boolean } | undefined;
   /** compute.local.allowCommand: whether functions may have the image local/command. */
   allowLocalCommand: boolean;
+  /** compute.backend and the cluster the local backend's built-in instance type belongs to. */
+  compute: ComputeSettings;
 }
 
 /** The secret store, or UNAVAILABLE (503) when this API runs without one. */

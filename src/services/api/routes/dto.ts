@@ -6,6 +6,7 @@ import type {
   DeploymentRecord,
   FunctionVersionRecord,
   InstanceRecord,
+  WorkerAuth,
 } from "../store/types.js";
 import type { ApiDeps } from "./deps.js";
 
@@ -20,6 +21,16 @@ export function functionStatus(
   return "DEPLOYING";
 }
 
+/** Who an instance's worker is, as the API shows it: ids and names, never a token. */
+function workerAuthDto(w: WorkerAuth) {
+  if ("workerIdentifier" in w) return { workerIdentifier: w.workerIdentifier };
+  return {
+    sub: w.sub,
+    serviceAccountUid: w.saUid,
+    pods: w.workerIdentifiers.map((p) => ({ name: p.name, uid: p.uid })),
+  };
+}
+
 export function instanceDto(i: InstanceRecord) {
   return {
     instanceId: i.instanceId,
@@ -31,6 +42,7 @@ export function instanceDto(i: InstanceRecord) {
     backend: i.backend,
     location: i.location,
     ...(i.message ? { message: i.message } : {}),
+    ...(i.workerAuth ? { workerAuth: workerAuthDto(i.workerAuth) } : {}),
     instanceCreatedAt: i.createdAt,
     instanceUpdatedAt: i.updatedAt,
   };

@@ -1,9 +1,51 @@
 // Instance status reports (internal): the compute agent reports the instances it runs; the report
 // replaces the reporter's previous one, and the instances that went have their identities revoked.
+// Each live instance's worker identity is kept with it (Store.workerAuthOf), never a token.
 import { z } from "zod";
 import type { RequestContext, Router } from "../../../lib/http/index.js";
-import { parseBody } from "../schemas.js";
+import { parseBody, safeText } from "../schemas.js";
+import type { WorkerAuth } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
+
+/**
+ * Who an instance's worker is: the local backend's identity id (`{workerIdentifier}`), or NVCA's
+ * WorkerAuth (the Kubernetes backend): the pod's service account (`sub`, `saUid`) and the pod
+ * (`workerIdentifiers`, NVCA sends the one pod), against which the pod's projected token is checked.
+ * One object with every field optional, checked after, so that a mistake is named by its field
+ * (a union would report only that neither shape matched).
+ */
+const workerAuthSchema = z
+  .strictObject({
+    workerIdentifier: z.string().max(256).optional(),
+    // system:serviceaccount:<namespace, ≤ 63>:<account, ≤ 253>
+    sub: safeText.min(1).max(512).optional(),
+    saUid: safeText.min(1).max(128).optional(),
+    workerIdentifiers: z
+      .array(z.strictObject({ name: safeText.min(1).max(253), uid: safeText.min(1).max(128) }))
+      .min(1)
+      .max(16)
+      .optional(),
+  })
+  .superRefine((w, ctx) => {
+    const podFields = (["sub", "saUid", "workerIdentifiers"] as const).filter((k) => w[k] !== undefined);
+    if (w.workerIdentifier !== undefined) {
+      for (const k of podFields)
+        ctx.addIssue({ code: "custom", path: [k], message: "not allowed beside workerIdentifier" });
+    } else {
+      for (const k of ["sub", "saUid", "workerIdentifiers"] as const)
+        if (w[k] === undefined)
+          ctx.addIssue({
+            code: "custom",
+            path: [k],
+            message: "required: give workerIdentifier, or sub, saUid and workerIdentifiers",
+          });
+    }
+  })
+  .transform((w): WorkerAuth =>
+    w.workerIdentifier !== undefined
+      ? { workerIdentifier: w.workerIdentifier }
+      : { sub: w.sub!, saUid: w.saUid!, workerIdentifiers: w.workerIdentifiers! },
+  );
 
 const instanceReportSchema = z.strictObject({
   reporter: z.string().min(1).max(128),
@@ -19,8 +61,8 @@ const instanceReportSchema = z.strictObject({
       backend: z.string(),
       location: z.string(),
       message: z.string().max(2048).optional(),
-      /** The worker identifier, while the instance is active (the seed PR's WorkerAuth). */
-      workerAuth: z.strictObject({ workerIdentifier: z.string().max(256) }).optional(),
+      /** Who the worker is, while the instance lives (the seed PR's WorkerAuth). */
+      workerAuth: workerAuthSchema.optional(),
       createdAt: z.string(),
       updatedAt: z.string(),
     }),
@@ -34,9 +76,14 @@ export function addInstanceRoutes(router: Router, deps: ApiDeps): void {
 async function reportInstances(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
   await deps.auth.authorize(req, "internal:instances");
   const body = parseBody(instanceReportSchema, await readJsonBody(deps, req));
+  // a terminated instance's worker identity is dropped, as ICMS deletes it on a terminal update:
+  // nothing may be checked against an instance that no longer runs
   await deps.store.reportInstances(
     body.reporter,
-    body.instances.map(({ workerAuth: _w, ...i }) => i),
+    body.instances.map(({ workerAuth, ...i }) => ({
+      ...i,
+      workerAuth: i.status === "TERMINATED" ? undefined : workerAuth,
+    })),
   );
   await deps.trust.onReport(body.reporter, body.instances);
   res.writeHead(204).end();

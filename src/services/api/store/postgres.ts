@@ -7,7 +7,13 @@ import { migratePostgres } from "../db/migrate.js";
 import { inTransaction, numbered } from "../db/postgres.js";
 import {
   VERSION_SELECT,
+  WORKER_AUTH_SELECT,
   accountFromRow,
+  clusterFromRow,
+  type ClusterRow,
+  instanceWorkerAuthFromRow,
+  type InstanceWorkerAuthRow,
+  workerAuthColumn,
   type AccountRow,
   deploymentFromRow,
   instanceFromRow,
@@ -186,9 +192,9 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
         await t("DELETE FROM instances WHERE reporter = ?", [reporter]);
         for (const i of instances) {
           await t(
-            `INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, updated_at = excluded.updated_at`,
+            `INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, worker_auth, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, updated_at = excluded.updated_at`,
             [
               i.instanceId,
               reporter,
@@ -201,6 +207,7 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
               i.backend,
               i.location,
               i.message ?? null,
+              workerAuthColumn(i),
               i.createdAt,
               i.updatedAt,
             ],
@@ -216,6 +223,20 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
               versionId,
             ]);
       return list.map(instanceFromRow);
+    },
+    async workerAuthOf(instanceId) {
+      const r = await one<InstanceWorkerAuthRow>(WORKER_AUTH_SELECT, [instanceId]);
+      return r && instanceWorkerAuthFromRow(r);
+    },
+    async registerCluster(c) {
+      await q(
+        `INSERT INTO clusters (cluster_id, backend, instance_types, updated_at) VALUES (?, ?, ?, ?)
+         ON CONFLICT (cluster_id) DO UPDATE SET backend = excluded.backend, instance_types = excluded.instance_types, updated_at = excluded.updated_at`,
+        [c.clusterId, c.backend, JSON.stringify(c.instanceTypes), c.updatedAt],
+      );
+    },
+    async listClusters() {
+      return (await rows<ClusterRow>("SELECT * FROM clusters ORDER BY cluster_id")).map(clusterFromRow);
     },
     async createApiKey(k) {
       await q(

@@ -3,6 +3,10 @@
 import type {
   AccountRecord,
   ApiKeyRecord,
+  ClusterRecord,
+  InstanceType,
+  InstanceWorkerAuth,
+  WorkerAuth,
   KeyPolicy,
   KeyResource,
   DeploymentRecord,
@@ -39,7 +43,23 @@ export interface InstanceRow {
   backend: string;
   location: string;
   message: string | null;
+  worker_auth: string | null;
   created_at: string;
+  updated_at: string;
+}
+export interface InstanceWorkerAuthRow {
+  instance_id: string;
+  reporter: string;
+  status: InstanceRecord["status"];
+  function_id: string;
+  version_id: string;
+  deployment_id: string;
+  worker_auth: string;
+}
+export interface ClusterRow {
+  cluster_id: string;
+  backend: ClusterRecord["backend"];
+  instance_types: string;
   updated_at: string;
 }
 export interface KeyRow {
@@ -87,9 +107,31 @@ export const instanceFromRow = (r: InstanceRow): InstanceRecord => ({
   backend: r.backend,
   location: r.location,
   message: r.message ?? undefined,
+  workerAuth: r.worker_auth ? (JSON.parse(r.worker_auth) as WorkerAuth) : undefined,
   createdAt: r.created_at,
   updatedAt: r.updated_at,
 });
+export const instanceWorkerAuthFromRow = (r: InstanceWorkerAuthRow): InstanceWorkerAuth => ({
+  instanceId: r.instance_id,
+  reporter: r.reporter,
+  status: r.status,
+  functionId: r.function_id,
+  versionId: r.version_id,
+  deploymentId: r.deployment_id,
+  workerAuth: JSON.parse(r.worker_auth) as WorkerAuth,
+});
+export const clusterFromRow = (r: ClusterRow): ClusterRecord => ({
+  clusterId: r.cluster_id,
+  backend: r.backend,
+  instanceTypes: JSON.parse(r.instance_types) as InstanceType[],
+  updatedAt: r.updated_at,
+});
+/** The one query workerAuthOf makes: a live instance that has a worker identity. */
+export const WORKER_AUTH_SELECT = `SELECT instance_id, reporter, status, function_id, version_id, deployment_id, worker_auth
+  FROM instances WHERE instance_id = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL`;
+/** The instance's worker identity as stored: JSON text, or NULL when none was reported. */
+export const workerAuthColumn = (i: InstanceRecord): string | null =>
+  i.workerAuth ? JSON.stringify(i.workerAuth) : null;
 /** What keys made before policies were stored reach: every function of their account and shared with it. */
 export const ALL_FUNCTIONS: KeyResource[] = [
   { id: "*", type: "account-functions" },

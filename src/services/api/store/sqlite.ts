@@ -7,7 +7,13 @@ import { migrateSqlite } from "../db/migrate.js";
 import { openSqliteFile } from "../db/sqlite.js";
 import {
   VERSION_SELECT,
+  WORKER_AUTH_SELECT,
   accountFromRow,
+  clusterFromRow,
+  type ClusterRow,
+  instanceWorkerAuthFromRow,
+  type InstanceWorkerAuthRow,
+  workerAuthColumn,
   type AccountRow,
   deploymentFromRow,
   instanceFromRow,
@@ -137,12 +143,13 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
     },
     async reportInstances(reporter, instances) {
       const upsert =
-        db.prepare(`INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, created_at, updated_at)
-        VALUES (@instanceId, @reporter, @deploymentId, @functionId, @versionId, @status, @instanceType, @gpu, @backend, @location, @message, @createdAt, @updatedAt)
-        ON CONFLICT(instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, updated_at = excluded.updated_at`);
+        db.prepare(`INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, worker_auth, created_at, updated_at)
+        VALUES (@instanceId, @reporter, @deploymentId, @functionId, @versionId, @status, @instanceType, @gpu, @backend, @location, @message, @workerAuth, @createdAt, @updatedAt)
+        ON CONFLICT(instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, updated_at = excluded.updated_at`);
       db.transaction(() => {
         db.prepare("DELETE FROM instances WHERE reporter = ?").run(reporter);
-        for (const i of instances) upsert.run({ ...i, reporter, message: i.message ?? null });
+        for (const i of instances)
+          upsert.run({ ...i, reporter, message: i.message ?? null, workerAuth: workerAuthColumn(i) });
       })();
     },
     async listInstances(versionId) {
@@ -152,6 +159,21 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
           : db.prepare("SELECT * FROM instances WHERE version_id = ? ORDER BY created_at").all(versionId)
       ) as InstanceRow[];
       return rows.map(instanceFromRow);
+    },
+    async workerAuthOf(instanceId) {
+      const r = db.prepare(WORKER_AUTH_SELECT).get(instanceId) as InstanceWorkerAuthRow | undefined;
+      return r && instanceWorkerAuthFromRow(r);
+    },
+    async registerCluster(c) {
+      db.prepare(
+        `INSERT INTO clusters (cluster_id, backend, instance_types, updated_at) VALUES (?, ?, ?, ?)
+         ON CONFLICT(cluster_id) DO UPDATE SET backend = excluded.backend, instance_types = excluded.instance_types, updated_at = excluded.updated_at`,
+      ).run(c.clusterId, c.backend, JSON.stringify(c.instanceTypes), c.updatedAt);
+    },
+    async listClusters() {
+      return (db.prepare("SELECT * FROM clusters ORDER BY cluster_id").all() as ClusterRow[]).map(
+        clusterFromRow,
+      );
     },
     async createApiKey(k) {
       db.prepare(

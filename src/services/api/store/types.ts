@@ -70,7 +70,45 @@ export interface InstanceRecord {
   backend: string;
   location: string;
   message?: string | undefined;
+  /** Who the instance's worker is, as its compute agent reported it while the instance lives. */
+  workerAuth?: WorkerAuth | undefined;
   createdAt: string;
+  updatedAt: string;
+}
+
+/**
+ * A worker's identity as a status report gives it: the local backend's identity id, or (NVCA's
+ * WorkerAuth, the Kubernetes backend) the pod's service account and the pod itself, against which a
+ * pod's projected token is checked. Never a token.
+ */
+export type WorkerAuth =
+  | { workerIdentifier: string }
+  | { sub: string; saUid: string; workerIdentifiers: Array<{ name: string; uid: string }> };
+
+/** What one instance's worker is, for checking a token it presents (workerAuthOf). */
+export interface InstanceWorkerAuth {
+  instanceId: string;
+  /** The compute agent that reported it. */
+  reporter: string;
+  status: InstanceStatus;
+  functionId: string;
+  versionId: string;
+  deploymentId: string;
+  workerAuth: WorkerAuth;
+}
+
+/** One instance type a cluster offers: NVCF's (gpu, instanceType) pair, and how many GPUs it has. */
+export interface InstanceType {
+  name: string;
+  gpu: string;
+  gpuCount: number;
+}
+
+/** A cluster as its compute agent registered it, with the instance types it offers. */
+export interface ClusterRecord {
+  clusterId: string;
+  backend: "local" | "kubernetes";
+  instanceTypes: InstanceType[];
   updatedAt: string;
 }
 
@@ -133,6 +171,16 @@ export interface Store {
   /** Replaces what one reporter (a compute agent) says about the instances of its deployments. */
   reportInstances(reporter: string, instances: InstanceRecord[]): Promise<void>;
   listInstances(versionId?: string): Promise<InstanceRecord[]>;
+  /**
+   * The worker identity last reported for a live instance; undefined when the instance is not
+   * reported, is TERMINATED, or was reported without one.
+   */
+  workerAuthOf(instanceId: string): Promise<InstanceWorkerAuth | undefined>;
+
+  /** Registers a cluster's instance types, replacing what it registered before. */
+  registerCluster(c: ClusterRecord): Promise<void>;
+  /** Every registered cluster, by id. */
+  listClusters(): Promise<ClusterRecord[]>;
 
   createApiKey(k: ApiKeyRecord): Promise<void>;
   getApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -1,0 +1,441 @@
+// A real Kubernetes control plane for tests: etcd and kube-apiserver 1.20.2 on loopback ports
+// (optionally kube-controller-manager with the garbage collector, namespace and service-account
+// controllers), in a temporary folder, stopped in reverse order and removed when the test ends.
+// The serving certificate and the service-account signing key come from a test CA; the issuer is
+// the API server's own URL, so its OIDC discovery document and key set are reachable from tests
+// (anonymously, as managed clusters publish them). Binaries: CALLPLANE_KUBE_BIN (else
+// ~/.cache/callplane/kubernetes-1.20.2/bin, made by scripts/ensure-kubernetes.sh) and
+// CALLPLANE_ETCD (else /usr/bin/etcd).
+import { spawn, type ChildProcess } from "node:child_process";
+import { createPublicKey, randomBytes } from "node:crypto";
+import { accessSync, constants, existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { homedir, tmpdir } from "node:os";
+import { join } from "node:path";
+import type { TestContext } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+import { KubeClient, KubeError, kubePaths, type KubeObject } from "../../src/lib/kube/index.js";
+import { freePort } from "./plane.js";
+import { removeDir } from "./scope.js";
+import { testPki } from "./tls.js";
+
+type Ctx = Pick<TestContext, "after">;
+
+export const KUBE_VERSION = "v1.20.2";
+
+/** What apply did with one object: the server's answer, or its refusal. */
+export interface ApplyResult {
+  /** The collection the object was POSTed to. */
+  path: string;
+  object?: KubeObject;
+  error?: KubeError;
+}
+
+export interface KubeApiServer {
+  /** https://127.0.0.1:<port> */
+  url: string;
+  /** The test CA that signed the serving certificate (and its file, for caFile settings). */
+  caPem: string;
+  caFile: string;
+  /** The service-account token issuer: the API server's own URL. */
+  issuer: string;
+  /** A system:masters user's token, and a client with it. */
+  adminToken: string;
+  admin: KubeClient;
+  /** system:node:test-node, in groups system:nodes and system:masters (the test kubelet). */
+  nodeToken: string;
+  node: KubeClient;
+  etcdUrl: string;
+  /** The temporary folder (removed when the test ends). */
+  dir: string;
+  /** Creates a namespace labelled kubernetes.io/metadata.name=<name> (1.20 does not add it). */
+  createNamespace(name: string, labels?: Record<string, string>): Promise<KubeObject>;
+  createServiceAccount(ns: string, name: string): Promise<KubeObject>;
+  /** A TokenRequest for the account: the JWT. */
+  tokenFor(
+    ns: string,
+    serviceAccount: string,
+    opts?: { audiences?: string[]; boundPod?: { name: string; uid: string }; expirationSeconds?: number },
+  ): Promise<string>;
+  /** A client that authenticates with `token` (closed when the test ends). */
+  clientAs(token: string): KubeClient;
+  /** Writes a token to a file in the folder (for tokenFile settings) and returns its path. */
+  writeTokenFile(token: string): string;
+  /** Creates each object in its collection (found by discovery); never throws for one object. */
+  apply(objects: KubeObject[], opts?: { dryRun?: boolean }): Promise<ApplyResult[]>;
+  /** The last lines each process wrote (for a failing test's message). */
+  logs(): Record<string, string>;
+  stop(): Promise<void>;
+}
+
+export interface KubeApiServerOptions {
+  /** Also run kube-controller-manager (garbagecollector, namespace, serviceaccount). */
+  controllerManager?: boolean;
+  extraApiServerArgs?: string[];
+}
+
+function kubeBinDir(): string {
+  const dir =
+    process.env.CALLPLANE_KUBE_BIN || join(homedir(), ".cache", "callplane", "kubernetes-1.20.2", "bin");
+  if (!existsSync(join(dir, "kube-apiserver")))
+    throw new Error(
+      `no kube-apiserver in ${dir}: run scripts/ensure-kubernetes.sh (or set CALLPLANE_KUBE_BIN to the folder holding kube-apiserver and kube-controller-manager)`,
+    );
+  return dir;
+}
+
+function etcdBinary(): string {
+  const etcd = process.env.CALLPLANE_ETCD || "/usr/bin/etcd";
+  if (!existsSync(etcd)) throw new Error(`no etcd at ${etcd}: install etcd-server or set CALLPLANE_ETCD`);
+  return etcd;
+}
+
+/** etcd writes and fsyncs a lot: memory is much faster than disk, when there is a writable /dev/shm. */
+function scratchRoot(): string {
+  try {
+    accessSync("/dev/shm", constants.W_OK);
+    return "/dev/shm";
+  } catch {
+    return tmpdir();
+  }
+}
+
+interface Proc {
+  name: string;
+  child: ChildProcess;
+  tail: () => string;
+}
+
+function startProcess(name: string, bin: string, args: string[]): Proc {
+  const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  const keep = (d: Buffer) => (out = (out + d.toString()).slice(-16_384));
+  child.stdout?.on("data", keep);
+  child.stderr?.on("data", keep);
+  return { name, child, tail: () => out };
+}
+
+async function stopProcess(p: Proc): Promise<void> {
+  const { child } = p;
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((r) => child.once("exit", r));
+  child.kill("SIGTERM");
+  const k = setTimeout(() => child.kill("SIGKILL"), 5000);
+  await exited;
+  clearTimeout(k);
+}
+
+/** Polls `probe` until it answers true; fails early when the process it waits on has exited. */
+async function waitUntil(what: string, p: Proc, probe: () => Promise<boolean>, ms = 60_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    if (p.child.exitCode !== null || p.child.signalCode !== null)
+      throw new Error(
+        `${p.name} exited (${p.child.exitCode ?? p.child.signalCode}) before ${what}:\n${p.tail()}`,
+      );
+    if (await probe().catch(() => false)) return;
+    if (Date.now() > deadline) throw new Error(`${p.name}: no ${what} after ${ms} ms:\n${p.tail()}`);
+    await sleep(100);
+  }
+}
+
+// Used when discovery does not know a kind (yet): the plurals of the kinds callplane renders.
+const PLURALS: Record<string, { plural: string; namespaced: boolean }> = {
+  Namespace: { plural: "namespaces", namespaced: false },
+  Node: { plural: "nodes", namespaced: false },
+  Pod: { plural: "pods", namespaced: true },
+  Service: { plural: "services", namespaced: true },
+  ServiceAccount: { plural: "serviceaccounts", namespaced: true },
+  Secret: { plural: "secrets", namespaced: true },
+  ConfigMap: { plural: "configmaps", namespaced: true },
+  Endpoints: { plural: "endpoints", namespaced: true },
+  PersistentVolumeClaim: { plural: "persistentvolumeclaims", namespaced: true },
+  Deployment: { plural: "deployments", namespaced: true },
+  StatefulSet: { plural: "statefulsets", namespaced: true },
+  DaemonSet: { plural: "daemonsets", namespaced: true },
+  ReplicaSet: { plural: "replicasets", namespaced: true },
+  Job: { plural: "jobs", namespaced: true },
+  CronJob: { plural: "cronjobs", namespaced: true },
+  Role: { plural: "roles", namespaced: true },
+  RoleBinding: { plural: "rolebindings", namespaced: true },
+  ClusterRole: { plural: "clusterroles", namespaced: false },
+  ClusterRoleBinding: { plural: "clusterrolebindings", namespaced: false },
+  NetworkPolicy: { plural: "networkpolicies", namespaced: true },
+  Ingress: { plural: "ingresses", namespaced: true },
+  PodDisruptionBudget: { plural: "poddisruptionbudgets", namespaced: true },
+  HorizontalPodAutoscaler: { plural: "horizontalpodautoscalers", namespaced: true },
+  ValidatingWebhookConfiguration: { plural: "validatingwebhookconfigurations", namespaced: false },
+  MutatingWebhookConfiguration: { plural: "mutatingwebhookconfigurations", namespaced: false },
+};
+
+/**
+ * Starts etcd and kube-apiserver (RBAC and Node authorization; NamespaceLifecycle, ServiceAccount
+ * and ValidatingAdmissionWebhook on top of 1.20's default admission plugins) on free loopback ports.
+ */
+export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}): Promise<KubeApiServer> {
+  const bin = kubeBinDir();
+  const etcd = etcdBinary();
+  const host = "127.0.0.1";
+  const dir = mkdtempSync(join(scratchRoot(), "callplane-kube-"));
+  const procs: Proc[] = [];
+  const clients: KubeClient[] = [];
+  const killAll = () => {
+    for (const p of procs)
+      if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill("SIGKILL");
+  };
+  process.on("exit", killAll);
+  let stopped: Promise<void> | undefined;
+  const stop = () =>
+    (stopped ??= (async () => {
+      await Promise.all(clients.map((c) => c.close().catch(() => undefined)));
+      for (const p of [...procs].reverse()) await stopProcess(p);
+      process.off("exit", killAll);
+      removeDir(dir);
+    })());
+  t.after(stop);
+
+  try {
+    const [etcdPort, etcdPeerPort, port] = [await freePort(host), await freePort(host), await freePort(host)];
+    const etcdUrl = `http://${host}:${etcdPort}`;
+    const url = `https://${host}:${port}`;
+    const issuer = url;
+
+    const e = startProcess("etcd", etcd, [
+      "--name=test",
+      `--data-dir=${join(dir, "etcd")}`,
+      `--listen-client-urls=${etcdUrl}`,
+      `--advertise-client-urls=${etcdUrl}`,
+      `--listen-peer-urls=http://${host}:${etcdPeerPort}`,
+      `--initial-advertise-peer-urls=http://${host}:${etcdPeerPort}`,
+      `--initial-cluster=test=http://${host}:${etcdPeerPort}`,
+      "--unsafe-no-fsync",
+      "--log-level=warn",
+    ]);
+    procs.push(e);
+
+    // certificates while etcd starts
+    const pki = await testPki();
+    const serving = await pki.issue([host, "localhost", "kubernetes", "kubernetes.default.svc"]);
+    const signer = await pki.issue(["service-account-issuer"]);
+    const files = {
+      ca: join(dir, "ca.crt"),
+      cert: join(dir, "apiserver.crt"),
+      key: join(dir, "apiserver.key"),
+      saKey: join(dir, "sa.key"),
+      saPub: join(dir, "sa.pub"),
+      tokens: join(dir, "tokens.csv"),
+      kubeconfig: join(dir, "admin.kubeconfig"),
+    };
+    writeFileSync(files.ca, pki.ca.certPem);
+    writeFileSync(files.cert, serving.certPem);
+    writeFileSync(files.key, serving.keyPem, { mode: 0o600 });
+    writeFileSync(files.saKey, signer.keyPem, { mode: 0o600 });
+    writeFileSync(
+      files.saPub,
+      createPublicKey(signer.keyPem).export({ type: "spki", format: "pem" }).toString(),
+    );
+    const adminToken = randomBytes(24).toString("hex");
+    const nodeToken = randomBytes(24).toString("hex");
+    writeFileSync(
+      files.tokens,
+      `${adminToken},admin,admin,"system:masters"\n` +
+        `${nodeToken},system:node:test-node,node-test-node,"system:nodes,system:masters"\n`,
+      { mode: 0o600 },
+    );
+
+    await waitUntil("health", e, async () => {
+      const r = await fetch(`${etcdUrl}/health`);
+      return r.ok && ((await r.json()) as { health?: string }).health === "true";
+    });
+
+    const a = startProcess("kube-apiserver", join(bin, "kube-apiserver"), [
+      `--etcd-servers=${etcdUrl}`,
+      `--bind-address=${host}`,
+      `--advertise-address=${host}`,
+      `--secure-port=${port}`,
+      "--insecure-port=0",
+      // the kubernetes Service's endpoints would be 127.0.0.1, which Endpoints refuse (loopback)
+      "--endpoint-reconciler-type=none",
+      `--tls-cert-file=${files.cert}`,
+      `--tls-private-key-file=${files.key}`,
+      `--cert-dir=${join(dir, "certs")}`,
+      `--token-auth-file=${files.tokens}`,
+      "--authorization-mode=Node,RBAC",
+      "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,ValidatingAdmissionWebhook",
+      `--service-account-issuer=${issuer}`,
+      `--service-account-jwks-uri=${issuer}/openid/v1/jwks`,
+      `--service-account-key-file=${files.saPub}`,
+      `--service-account-signing-key-file=${files.saKey}`,
+      `--api-audiences=${issuer}`,
+      "--service-cluster-ip-range=10.96.0.0/16",
+      "--profiling=false",
+      "--v=0",
+      ...(opts.extraApiServerArgs ?? []),
+    ]);
+    procs.push(a);
+
+    const clientAs = (token: string) => {
+      const c = new KubeClient({ server: url, caPem: pki.ca.certPem, token });
+      clients.push(c);
+      return c;
+    };
+    const admin = clientAs(adminToken);
+    const node = clientAs(nodeToken);
+    await waitUntil("/readyz", a, async () => {
+      const r = await admin.send("GET", "/readyz", { timeoutMs: 5_000 });
+      await r.body.text();
+      return r.statusCode === 200;
+    });
+    // managed clusters publish discovery and keys; in 1.20 only service accounts may read them
+    await admin.create(kubePaths.cluster("rbac.authorization.k8s.io", "v1", "clusterrolebindings"), {
+      apiVersion: "rbac.authorization.k8s.io/v1",
+      kind: "ClusterRoleBinding",
+      metadata: { name: "callplane-test:public-issuer-discovery" },
+      roleRef: {
+        apiGroup: "rbac.authorization.k8s.io",
+        kind: "ClusterRole",
+        name: "system:service-account-issuer-discovery",
+      },
+      subjects: [{ apiGroup: "rbac.authorization.k8s.io", kind: "Group", name: "system:unauthenticated" }],
+    });
+
+    if (opts.controllerManager) {
+      writeFileSync(
+        files.kubeconfig,
+        JSON.stringify({
+          apiVersion: "v1",
+          kind: "Config",
+          clusters: [
+            {
+              name: "test",
+              cluster: {
+                server: url,
+                "certificate-authority-data": Buffer.from(pki.ca.certPem).toString("base64"),
+              },
+            },
+          ],
+          users: [{ name: "admin", user: { token: adminToken } }],
+          contexts: [{ name: "test", context: { cluster: "test", user: "admin" } }],
+          "current-context": "test",
+        }),
+        { mode: 0o600 },
+      );
+      const cm = startProcess("kube-controller-manager", join(bin, "kube-controller-manager"), [
+        `--kubeconfig=${files.kubeconfig}`,
+        "--controllers=garbagecollector,namespace,serviceaccount",
+        "--leader-elect=false",
+        "--secure-port=0",
+        "--port=0",
+        `--service-account-private-key-file=${files.saKey}`,
+        `--root-ca-file=${files.ca}`,
+        "--v=0",
+      ]);
+      procs.push(cm);
+      // the serviceaccount controller is running once `default` has its account
+      await waitUntil("the default ServiceAccount", cm, async () => {
+        await admin.get(kubePaths.serviceAccounts("default", "default"), { timeoutMs: 5_000 });
+        return true;
+      });
+    }
+
+    const discovered = new Map<string, Map<string, { plural: string; namespaced: boolean }>>();
+    const resourceOf = async (apiVersion: string, kind: string) => {
+      let kinds = discovered.get(apiVersion);
+      if (!kinds) {
+        kinds = new Map();
+        try {
+          const list = await admin.request<{
+            resources: Array<{ name: string; kind: string; namespaced: boolean }>;
+          }>("GET", apiVersion.includes("/") ? `/apis/${apiVersion}` : `/api/${apiVersion}`);
+          for (const r of list.resources)
+            if (!r.name.includes("/")) kinds.set(r.kind, { plural: r.name, namespaced: r.namespaced });
+          discovered.set(apiVersion, kinds);
+        } catch {
+          // an unknown group (a CRD not yet served): the table below, and discovery again next time
+        }
+      }
+      const found = kinds.get(kind) ?? PLURALS[kind];
+      if (!found) throw new Error(`no resource for ${apiVersion} ${kind}`);
+      return found;
+    };
+
+    return {
+      url,
+      caPem: pki.ca.certPem,
+      caFile: files.ca,
+      issuer,
+      adminToken,
+      admin,
+      nodeToken,
+      node,
+      etcdUrl,
+      dir,
+      createNamespace: (name, labels = {}) =>
+        admin.create(kubePaths.namespaces(), {
+          apiVersion: "v1",
+          kind: "Namespace",
+          metadata: { name, labels: { "kubernetes.io/metadata.name": name, ...labels } },
+        }),
+      createServiceAccount: (ns, name) =>
+        admin.create(kubePaths.serviceAccounts(ns), {
+          apiVersion: "v1",
+          kind: "ServiceAccount",
+          metadata: { name, namespace: ns },
+        }),
+      async tokenFor(ns, serviceAccount, o = {}) {
+        const res = await admin.create<KubeObject & { status: { token: string } }>(
+          `${kubePaths.serviceAccounts(ns, serviceAccount)}/token`,
+          {
+            apiVersion: "authentication.k8s.io/v1",
+            kind: "TokenRequest",
+            spec: {
+              ...(o.audiences ? { audiences: o.audiences } : {}),
+              ...(o.expirationSeconds ? { expirationSeconds: o.expirationSeconds } : {}),
+              ...(o.boundPod
+                ? {
+                    boundObjectRef: {
+                      apiVersion: "v1",
+                      kind: "Pod",
+                      name: o.boundPod.name,
+                      uid: o.boundPod.uid,
+                    },
+                  }
+                : {}),
+            },
+          },
+        );
+        return res.status.token;
+      },
+      clientAs,
+      writeTokenFile(token) {
+        const f = join(dir, `token-${randomBytes(6).toString("hex")}`);
+        writeFileSync(f, token, { mode: 0o600 });
+        return f;
+      },
+      async apply(objects, o = {}) {
+        const results: ApplyResult[] = [];
+        for (const obj of objects) {
+          const apiVersion = obj.apiVersion ?? "";
+          const kind = obj.kind ?? "";
+          const r = await resourceOf(apiVersion, kind);
+          const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
+          const path = r.namespaced
+            ? kubePaths.namespaced(group, version, r.plural, obj.metadata?.namespace ?? "default")
+            : kubePaths.cluster(group, version, r.plural);
+          try {
+            const object = await admin.create(path, obj, o.dryRun ? { query: { dryRun: "All" } } : {});
+            results.push({ path, object });
+          } catch (err) {
+            if (!(err instanceof KubeError)) throw err;
+            results.push({ path, error: err });
+          }
+        }
+        return results;
+      },
+      logs: () => Object.fromEntries(procs.map((p) => [p.name, p.tail()])),
+      stop,
+    };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
