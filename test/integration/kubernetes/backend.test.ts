@@ -1,15 +1,12 @@
 // The compute agent's Kubernetes backend against a real kube-apiserver (1.20, RBAC, ServiceAccount
-// admission) and a real API. The agent authenticates as the ServiceAccount compute-agent, bound to
-// a Role with exactly the verbs the backend uses (AGENT_RULES, NODE_RULES: what `callplane render`
-// grants it), so a missing permission fails here. No kubelet and no scheduler run: pods stay
-// Pending, and the test plays the kubelet's status updates itself (the status subresource, as an
-// admin) where a status is under test.
+// admission; the testkit's) and a real API. The agent authenticates as the ServiceAccount
+// compute-agent, bound to a Role with exactly the verbs the backend uses (AGENT_RULES, NODE_RULES;
+// what `callplane render` grants must cover them, checked below), so a missing permission fails
+// here. No kubelet and no scheduler run: pods stay Pending, and the test plays the kubelet's status
+// updates itself (the status subresource, as an admin) where a status is under test. One test runs
+// kube-controller-manager, whose garbage collector removes a pod's identity objects with it.
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { createPublicKey, randomBytes, randomUUID } from "node:crypto";
-import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
-import { homedir, tmpdir } from "node:os";
-import { join } from "node:path";
+import { randomUUID } from "node:crypto";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { pino } from "pino";
@@ -21,6 +18,7 @@ import {
   type KubeObject,
   type WatchEventType,
 } from "../../../src/lib/kube/index.js";
+import { COMPUTE_AGENT_CLUSTER_RULES, COMPUTE_AGENT_RULES } from "../../../src/deploy/render/compute.js";
 import { createComputeAgent, type ComputeAgent } from "../../../src/services/compute/agent.js";
 import type { KubernetesBackend } from "../../../src/services/compute/kubernetes/backend.js";
 import type { PodInstance } from "../../../src/services/compute/kubernetes/pod-instance.js";
@@ -31,10 +29,8 @@ import {
 } from "../../../src/services/compute/kubernetes/pod-spec.js";
 import { waitFor as poll } from "../../testkit/client.js";
 import { call, sampleFunction, startApi, type ApiFixture } from "../../testkit/index.js";
-import { freePort } from "../../testkit/plane.js";
+import { startKubeApiServer, type KubeApiServer as Kube } from "../../testkit/kube-apiserver.js";
 import { lifo } from "../../testkit/proc.js";
-import { removeDir } from "../../testkit/scope.js";
-import { testPki } from "../../testkit/tls.js";
 
 const waitFor = <T>(
   what: string,
@@ -78,146 +74,11 @@ const deploymentOf = (min: number, type: { name: string; gpu: string } = A100) =
   ],
 });
 
-// ---------------------------------------------------------------------------------------------
-// A kube-apiserver of the test's own, until the testkit's harness (test/testkit/kube-apiserver.ts)
-// is on main: etcd and kube-apiserver 1.20.2 on loopback, the serving certificate and the service
-// account key from a test CA.
-
-interface Kube {
-  url: string;
-  caPem: string;
-  admin: KubeClient;
-  clientAs(token: string): KubeClient;
-  tokenFor(ns: string, sa: string): Promise<string>;
-  writeTokenFile(token: string): string;
-}
-
-async function startKube(t: Pick<TestContext, "after">): Promise<Kube> {
-  const bin =
-    process.env.CALLPLANE_KUBE_BIN || join(homedir(), ".cache", "callplane", "kubernetes-1.20.2", "bin");
-  const dir = mkdtempSync(join(existsSync("/dev/shm") ? "/dev/shm" : tmpdir(), "callplane-kube-"));
-  const procs: ChildProcess[] = [];
-  const tails = new Map<ChildProcess, string>();
-  const start = (cmd: string, args: string[]) => {
-    const c = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"] });
-    const keep = (d: Buffer) => tails.set(c, ((tails.get(c) ?? "") + d.toString()).slice(-8000));
-    c.stdout?.on("data", keep);
-    c.stderr?.on("data", keep);
-    procs.push(c);
-    return c;
-  };
-  const clients: KubeClient[] = [];
-  t.after(async () => {
-    await Promise.all(clients.map((c) => c.close().catch(() => undefined)));
-    for (const c of procs.reverse()) {
-      if (c.exitCode !== null || c.signalCode !== null) continue;
-      const gone = new Promise((r) => c.once("exit", r));
-      c.kill("SIGTERM");
-      const k = setTimeout(() => c.kill("SIGKILL"), 5000);
-      await gone;
-      clearTimeout(k);
-    }
-    removeDir(dir);
-  });
-  const host = "127.0.0.1";
-  const [ep, pp, port] = [await freePort(host), await freePort(host), await freePort(host)];
-  const etcdUrl = `http://${host}:${ep}`;
-  start("/usr/bin/etcd", [
-    "--name=test",
-    `--data-dir=${join(dir, "etcd")}`,
-    `--listen-client-urls=${etcdUrl}`,
-    `--advertise-client-urls=${etcdUrl}`,
-    `--listen-peer-urls=http://${host}:${pp}`,
-    `--initial-advertise-peer-urls=http://${host}:${pp}`,
-    `--initial-cluster=test=http://${host}:${pp}`,
-    "--unsafe-no-fsync",
-    "--log-level=warn",
-  ]);
-  const pki = await testPki();
-  const serving = await pki.issue([host, "localhost"]);
-  const signer = await pki.issue(["service-account-issuer"]);
-  const f = (n: string) => join(dir, n);
-  writeFileSync(f("apiserver.crt"), serving.certPem);
-  writeFileSync(f("apiserver.key"), serving.keyPem, { mode: 0o600 });
-  writeFileSync(f("sa.key"), signer.keyPem, { mode: 0o600 });
-  writeFileSync(
-    f("sa.pub"),
-    createPublicKey(signer.keyPem).export({ type: "spki", format: "pem" }).toString(),
-  );
-  const adminToken = randomBytes(24).toString("hex");
-  writeFileSync(f("tokens.csv"), `${adminToken},admin,admin,"system:masters"\n`, { mode: 0o600 });
-  const url = `https://${host}:${port}`;
-  await poll("etcd", async () => (await fetch(`${etcdUrl}/health`)).ok, {
-    timeoutMs: 30_000,
-    intervalMs: 100,
-  });
-  const api = start(join(bin, "kube-apiserver"), [
-    `--etcd-servers=${etcdUrl}`,
-    `--bind-address=${host}`,
-    `--advertise-address=${host}`,
-    `--secure-port=${port}`,
-    "--insecure-port=0",
-    "--endpoint-reconciler-type=none",
-    `--tls-cert-file=${f("apiserver.crt")}`,
-    `--tls-private-key-file=${f("apiserver.key")}`,
-    `--cert-dir=${f("certs")}`,
-    `--token-auth-file=${f("tokens.csv")}`,
-    "--authorization-mode=Node,RBAC",
-    "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,ValidatingAdmissionWebhook",
-    `--service-account-issuer=${url}`,
-    `--service-account-key-file=${f("sa.pub")}`,
-    `--service-account-signing-key-file=${f("sa.key")}`,
-    `--api-audiences=${url}`,
-    "--service-cluster-ip-range=10.96.0.0/16",
-    "--v=0",
-  ]);
-  const clientAs = (token: string) => {
-    const c = new KubeClient({ server: url, caPem: pki.ca.certPem, token });
-    clients.push(c);
-    return c;
-  };
-  const admin = clientAs(adminToken);
-  await poll(
-    "kube-apiserver /readyz",
-    async () => {
-      if (api.exitCode !== null) throw new Error(`kube-apiserver exited: ${tails.get(api)}`);
-      const r = await admin.send("GET", "/readyz", { timeoutMs: 5000 });
-      await r.body.text();
-      return r.statusCode === 200;
-    },
-    { timeoutMs: 60_000, intervalMs: 200 },
-  );
-  return {
-    url,
-    caPem: pki.ca.certPem,
-    admin,
-    clientAs,
-    async tokenFor(ns, sa) {
-      const r = await admin.create<KubeObject & { status: { token: string } }>(
-        `${kubePaths.serviceAccounts(ns, sa)}/token`,
-        { apiVersion: "authentication.k8s.io/v1", kind: "TokenRequest", spec: {} },
-      );
-      return r.status.token;
-    },
-    writeTokenFile(token) {
-      const file = join(dir, `token-${randomBytes(6).toString("hex")}`);
-      writeFileSync(file, token, { mode: 0o600 });
-      return file;
-    },
-  };
-}
-// ---------------------------------------------------------------------------------------------
-
 /** The compute-agent account in the control namespace, its Role in the workers' namespace and its node ClusterRole. */
 async function agentAccount(kube: Kube): Promise<string> {
   const { admin } = kube;
-  for (const name of [NS, CONTROL_NS])
-    await admin.create(kubePaths.namespaces(), { apiVersion: "v1", kind: "Namespace", metadata: { name } });
-  await admin.create(kubePaths.serviceAccounts(CONTROL_NS), {
-    apiVersion: "v1",
-    kind: "ServiceAccount",
-    metadata: { name: "compute-agent", namespace: CONTROL_NS },
-  });
+  for (const name of [NS, CONTROL_NS]) await kube.createNamespace(name);
+  await kube.createServiceAccount(CONTROL_NS, "compute-agent");
   const subject = [{ kind: "ServiceAccount", name: "compute-agent", namespace: CONTROL_NS }];
   await admin.create(kubePaths.roles(NS), {
     apiVersion: `${RBAC}/v1`,
@@ -362,9 +223,10 @@ async function setPodStatus(kube: Kube, name: string, status: Record<string, unk
 
 test("the kubernetes backend: pods with their own identity, on a real API server", async (t) => {
   const ctx = lifo(t);
-  const kube = await startKube(ctx);
+  const kube = await startKubeApiServer(ctx);
   const tokenFile = await agentAccount(kube);
-  const api = await startApi(ctx, { workerAuth: "token", clusterId: CLUSTER });
+  // (deployments must name a type some registered cluster offers)
+  const api = await startApi(ctx, { workerAuth: "token", clusterId: CLUSTER, computeBackend: "kubernetes" });
   const admin = await api.adminToken();
   const logs = captureLogs();
   let agent = agentFor(api, kube, tokenFile, logs);
@@ -392,19 +254,22 @@ test("the kubernetes backend: pods with their own identity, on a real API server
   let firstPod: IPod | undefined;
 
   await t.test(
-    "the instance types are registered with the API (or an older API says it lacks the route)",
+    "the instance types are registered with the API, which refuses a type no cluster offers",
     async () => {
-      await waitFor(
-        "the registration's outcome",
-        () =>
-          agent.instanceTypes.registered ??
-          logs.lines.find((l) => String(l.msg).includes("does not take instance-type")),
+      await waitFor("the registration", () => agent.instanceTypes.registered);
+      assert.deepEqual(agent.instanceTypes.registered, [
+        { name: "a100.x2", gpu: "A100", gpuCount: 2 },
+        { name: "cpu.small", gpu: "none", gpuCount: 0 },
+      ]);
+      assert.ok(
+        logs.lines.some((l) => l.msg === "instance types registered with the API" && l.clusterId === CLUSTER),
       );
-      if (agent.instanceTypes.registered)
-        assert.deepEqual(agent.instanceTypes.registered, [
-          { name: "a100.x2", gpu: "A100", gpuCount: 2 },
-          { name: "cpu.small", gpu: "none", gpuCount: 0 },
-        ]);
+      const refused = await call<{ code?: string }>(depPath, {
+        token: admin,
+        body: deploymentOf(1, { name: "h100.x8", gpu: "H100" }),
+      });
+      assert.equal(refused.status, 400, refused.text);
+      assert.equal(refused.body.code, "INSTANCE_TYPE_UNAVAILABLE");
     },
   );
 
@@ -576,11 +441,14 @@ test("the kubernetes backend: pods with their own identity, on a real API server
       assert.equal(row.backend, "kubernetes");
       assert.equal(row.location, `${NS}/${podName}`);
       assert.equal(row.instanceType, "a100.x2");
-      assert.deepEqual(inst.workerAuth, {
+      const workerAuth = {
         sub: `system:serviceaccount:${NS}:${identity}`,
         saUid: sas[0].metadata?.uid,
         workerIdentifiers: [{ name: podName, uid: pod.metadata!.uid }],
-      });
+      };
+      assert.deepEqual(inst.workerAuth, workerAuth);
+      const kept = await waitFor("the API keeps who the worker is", () => api.store.workerAuthOf(id));
+      assert.deepEqual(kept.workerAuth, workerAuth);
       assert.ok(
         logs.lines.some((l) => l.msg === "pod created" && l.instanceId === id && l.pod === podName),
         "one info line names the pod created",
@@ -1177,8 +1045,8 @@ test("the kubernetes backend: pods with their own identity, on a real API server
     ]);
     await kube.admin.delete(kubePaths.nodes("gpu-3"));
     await waitFor("the L40S type gone with its node", () => backend.instanceTypes.length === 1);
-    if (found.instanceTypes.registered)
-      await waitFor("the change registered", () => found.instanceTypes.registered?.length === 1);
+    await waitFor("the change registered", () => found.instanceTypes.registered?.length === 1);
+    assert.equal(found.instanceTypes.registered?.[0].name, "nvidia-a100-sxm4-80gb.x8");
     // a deployment naming a found type gets a pod with affinity on its labels
     const gpu = await call<{ function: { id: string; versionId: string } }>(`${api.url}/v2/nvcf/functions`, {
       token: admin,
@@ -1204,4 +1072,64 @@ test("the kubernetes backend: pods with their own identity, on a real API server
     await waitFor("its pod gone", async () => (await listOf(kube, kubePaths.pods(NS))).length === 0);
     await agent.close();
   });
+});
+
+test("the Role and ClusterRole `callplane render` gives the agent hold every verb the backend uses", () => {
+  const covers = (
+    rendered: readonly {
+      apiGroups: readonly string[];
+      resources: readonly string[];
+      verbs: readonly string[];
+    }[],
+    used: typeof AGENT_RULES,
+  ) => {
+    for (const rule of used)
+      for (const group of rule.apiGroups)
+        for (const resource of rule.resources)
+          for (const verb of rule.verbs)
+            assert.ok(
+              rendered.some(
+                (r) =>
+                  r.apiGroups.includes(group) && r.resources.includes(resource) && r.verbs.includes(verb),
+              ),
+              `the rendered rules allow ${verb} on ${group || "core"}/${resource}`,
+            );
+  };
+  covers(COMPUTE_AGENT_RULES, AGENT_RULES);
+  covers(COMPUTE_AGENT_CLUSTER_RULES, NODE_RULES);
+});
+
+test("with the cluster's garbage collector running, a pod's identity objects go with it, no agent needed", async (t) => {
+  const ctx = lifo(t);
+  const kube = await startKubeApiServer(ctx, { controllerManager: true });
+  const tokenFile = await agentAccount(kube);
+  const api = await startApi(ctx, { workerAuth: "token", clusterId: CLUSTER, computeBackend: "kubernetes" });
+  const admin = await api.adminToken();
+  const logs = captureLogs();
+  const agent = agentFor(api, kube, tokenFile, logs);
+  ctx.after(() => agent.destroy());
+  await agent.listen();
+  await waitFor("the registration", () => agent.instanceTypes.registered);
+  const f = await call<{ function: { id: string; versionId: string } }>(`${api.url}/v2/nvcf/functions`, {
+    token: admin,
+    body: sampleFunction("collected", { containerImage: "nvcr.io/example/echo:1.0" }),
+  });
+  const { id, versionId } = f.body.function;
+  const r = await call(`${api.url}/v2/nvcf/deployments/functions/${id}/versions/${versionId}`, {
+    token: admin,
+    body: deploymentOf(1, CPU),
+  });
+  assert.equal(r.status, 200, r.text);
+  const inst = await waitFor("the instance", () => agent.instances()[0]);
+  await waitFor("its identity objects owned by its pod", async () => {
+    const all = await everything(kube);
+    const mine = [...all.sas, ...all.roles, ...all.bindings, ...all.secrets];
+    return mine.length === 5 && mine.every((o) => o.metadata?.ownerReferences?.[0]?.name === inst.podName);
+  });
+  // the agent goes (its pods stay), then someone deletes the pod: nothing of the agent's runs
+  await agent.close();
+  await kube.admin.delete(kubePaths.pods(NS, inst.podName), { gracePeriodSeconds: 0 });
+  await waitFor("the garbage collector removed the account, role, binding and Secrets", async () =>
+    Object.values(await everything(kube)).every((l) => l.length === 0),
+  );
 });
