@@ -57,6 +57,8 @@ runService(
   "compute",
   async (config, logger) => {
     const onKubernetes = config.compute.backend === "kubernetes";
+    // before anything else: what is missing for pods says so first
+    const kubernetes = onKubernetes ? kubernetesSettings(config) : undefined;
     const clusterId = config.compute.workerIdentity.clusterId;
     const common = {
       listen: parseHostPort(config.compute.listen),
@@ -90,8 +92,7 @@ runService(
       tokenSource: tokenSource(config.compute.workerIdentity.tokenSource, config.compute.backend),
       logger,
     };
-    if (onKubernetes) {
-      const kubernetes = kubernetesSettings(config);
+    if (kubernetes) {
       const agent = createComputeAgent({ ...common, kubernetes });
       // no exit hook: the pods are not this process's children, and the next start adopts them
       const url = await agent.listen();
