@@ -732,6 +732,45 @@ test("the kubernetes backend: pods with their own identity, on a real API server
   });
 
   await t.test(
+    "pods adopted beyond what is wanted (scaled down, or undeployed, while the agent was away) are stopped at the first sync",
+    async () => {
+      const other = await call<{ function: { id: string; versionId: string } }>(
+        `${api.url}/v2/nvcf/functions`,
+        {
+          token: admin,
+          body: sampleFunction("undeployed-while-away", { containerImage: "nvcr.io/example/echo:1.0" }),
+        },
+      );
+      const otherPath = `${api.url}/v2/nvcf/deployments/functions/${other.body.function.id}/versions/${other.body.function.versionId}`;
+      assert.equal((await call(otherPath, { token: admin, body: deploymentOf(1, CPU) })).status, 200);
+      assert.equal((await call(depPath, { method: "PUT", token: admin, body: deploymentOf(2) })).status, 200);
+      await waitFor("three pods", async () => (await listOf(kube, kubePaths.pods(NS))).length === 3);
+      const keptBefore = mine(fn.versionId).map((i) => i.podName);
+      await agent.close();
+      assert.equal((await call(otherPath, { method: "DELETE", token: admin })).status, 200);
+      assert.equal((await call(depPath, { method: "PUT", token: admin, body: deploymentOf(1) })).status, 200);
+      const rec = recordPods(kube, ctx);
+      await rec.synced;
+      agent = agentFor(api, kube, tokenFile, logs);
+      await agent.listen();
+      await waitFor("one pod left", async () => (await listOf(kube, kubePaths.pods(NS))).length === 1);
+      const left = mine(fn.versionId).map((i) => i.podName);
+      assert.equal(left.length, 1);
+      assert.ok(keptBefore.includes(left[0]), "the one kept is one of the adopted pods");
+      assert.ok(
+        rec.events.every((e) => e.type === "DELETED"),
+        "no pod was created",
+      );
+      assert.equal(rec.events.length, 2);
+      await waitFor("their identities purged", async () => {
+        const all = await everything(kube);
+        return all.sas.length === 1 && all.secrets.length === 2 && all.bindings.length === 1;
+      });
+      rec.stop();
+    },
+  );
+
+  await t.test(
     "an agent killed after each provisioning step: at its next start no orphan is left",
     async () => {
       await agent.close();
