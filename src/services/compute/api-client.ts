@@ -1,8 +1,21 @@
 // The agent's calls to the control-plane API's internal endpoints, with its own service credential:
-// the desired deployments, the instances' status, and a version's secrets for the local backend.
+// the desired deployments, the instances' status, a version's secrets, and the cluster's instance
+// types.
 import { request } from "undici";
 import type { DesiredDeployment } from "./deployment.js";
+import type { InstanceTypeOffer } from "./instance-types.js";
 import type { FetchedSecrets } from "./secrets.js";
+
+/** The API answered with an error status. */
+export class ComputeApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+    this.name = "ComputeApiError";
+  }
+}
 
 /** What GET /v1/internal/deployments answers. */
 export interface DesiredState {
@@ -29,7 +42,10 @@ export class ComputeApiClient {
     });
     const text = await res.body.text();
     if (res.statusCode >= 300)
-      throw new Error(`${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`);
+      throw new ComputeApiError(
+        res.statusCode,
+        `${method} ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`,
+      );
     return text ? (JSON.parse(text) as unknown) : undefined;
   }
 
@@ -47,5 +63,13 @@ export class ComputeApiClient {
       "GET",
       `/v1/internal/secrets/functions/${functionId}/versions/${versionId}`,
     )) as FetchedSecrets;
+  }
+
+  /** Replaces the instance types this cluster offers (the API refuses deployments no cluster offers). */
+  async putInstanceTypes(
+    clusterId: string,
+    body: { backend: "local" | "kubernetes"; instanceTypes: readonly InstanceTypeOffer[] },
+  ): Promise<void> {
+    await this.call("PUT", `/v1/internal/clusters/${encodeURIComponent(clusterId)}/instance-types`, body);
   }
 }

@@ -1,12 +1,21 @@
 // The seam between the agent and where instances run. The agent (reconciler.ts, status-report.ts)
 // decides how many instances each desired deployment has and reports them; a backend starts and
-// stops one instance. Today's backend is local-backend.ts (two processes on this machine); a second
-// one (Kubernetes) implements the same two interfaces and the agent stays as it is.
+// stops one instance. Two backends implement it: local-backend.ts (two processes on this machine)
+// and kubernetes/backend.ts (a pod per instance).
 import type { InstanceStatus } from "../../lib/instance-status.js";
 import type { DesiredDeployment } from "./deployment.js";
+import type { InstanceTypeOffer } from "./instance-types.js";
 
 /** One spec of a desired deployment (the agent runs the first). */
 export type DeploymentSpec = DesiredDeployment["specs"][number];
+
+/**
+ * What a status report says of an instance's worker identity (the seed PR's WorkerAuth): the local
+ * backend's API-issued identifier, or a pod's service account and the pod it is bound to.
+ */
+export type WorkerAuth =
+  | { workerIdentifier: string }
+  | { sub: string; saUid: string; workerIdentifiers: Array<{ name: string; uid: string }> };
 
 /** One function instance, as the agent sees it: what it reports, and how it starts and stops it. */
 export interface ComputeInstance {
@@ -14,10 +23,15 @@ export interface ComputeInstance {
   readonly deployment: DesiredDeployment;
   readonly status: InstanceStatus;
   readonly message: string | undefined;
-  /** Where it runs, reported as its location (the local backend: its own loopback address). */
+  /** Where it runs, reported as its location (local: its loopback address; a pod: namespace/name). */
   readonly location: string;
-  /** The worker identifier, while the instance holds an identity (reported as WorkerAuth). */
-  readonly workerIdentifier: string | undefined;
+  /** Its worker identity while it holds one (reported as workerAuth). */
+  readonly workerAuth: WorkerAuth | undefined;
+  /**
+   * It went away outside the agent (its pod deleted by someone, or Failed): the agent takes it out,
+   * stops what is left of it (reported TERMINATED) and starts a replacement.
+   */
+  readonly ended: boolean;
   readonly createdAt: string;
   readonly updatedAt: string;
   start(): void;
@@ -31,8 +45,13 @@ export interface ComputeInstance {
 
 /** Where instances run. */
 export interface ComputeBackend<I extends ComputeInstance = ComputeInstance> {
-  /** Reported as each instance's backend. */
-  readonly name: string;
+  /** Reported as each instance's backend, and registered with the instance types. */
+  readonly name: "local" | "kubernetes";
+  /**
+   * Instances run on without the agent (pods): closing or destroying the agent leaves them, and its
+   * next start adopts them. Local instances are the agent's own processes and go with it.
+   */
+  readonly outlivesAgent: boolean;
   /** How many instances a deployment's spec runs on this backend. */
   instanceCount(spec: DeploymentSpec): number;
   /**
@@ -46,8 +65,19 @@ export interface ComputeBackend<I extends ComputeInstance = ComputeInstance> {
    * Instances started from now on get it.
    */
   setWorkerNatsEnv(env: Record<string, string>): void;
-  /** Before the first instance: clears what an earlier run of the agent left. */
-  prepare(): void;
-  /** After the last instance: removes what the backend keeps beside its instances. */
-  dispose(): void;
+  /**
+   * Before the first sync: clears what an earlier run of the agent left, and answers the instances
+   * it left running, adopted (already started; the first sync keeps those still wanted). `onChange`
+   * is their status callback.
+   */
+  prepare(onChange: () => void): Promise<I[]>;
+  /** Hands the instance types this backend offers to `publish`, now and whenever they change. */
+  offerInstanceTypes(publish: (types: readonly InstanceTypeOffer[]) => void): void;
+  /** After the last instance (or when the agent closes): removes or stops what the backend keeps beside its instances. */
+  dispose(): Promise<void>;
+}
+
+/** Neither backend scales to zero (nothing here scales on demand): minInstances, at least one. */
+export function defaultInstanceCount(spec: DeploymentSpec): number {
+  return Math.min(spec.maxInstances, Math.max(spec.minInstances, 1));
 }

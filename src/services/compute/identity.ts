@@ -8,14 +8,18 @@ import { request } from "undici";
 import { writeFileAtomic } from "../../lib/fs.js";
 import type { Logger } from "../../lib/log.js";
 
-/** The token sources an instance identity can come from; "" in the configuration means the default. */
-export const TOKEN_SOURCES = ["api"] as const;
+/** The token sources an instance identity can come from; "" in the configuration means the backend's default. */
+export const TOKEN_SOURCES = ["api", "psat"] as const;
 export type TokenSource = (typeof TOKEN_SOURCES)[number];
-export const DEFAULT_TOKEN_SOURCE: TokenSource = "api";
 
-/** An empty setting is the default source, never "no identity" (the seed PR's review gap). */
-export function tokenSource(setting: string): TokenSource {
-  return setting === "" ? DEFAULT_TOKEN_SOURCE : (setting as TokenSource);
+/**
+ * An empty setting is the backend's default source, never "no identity" (the seed PR's review
+ * gap): the API signs identities for local instances, and on Kubernetes each pod's projected
+ * service-account token (psat) is its identity.
+ */
+export function tokenSource(setting: string, backend: "local" | "kubernetes" = "local"): TokenSource {
+  if (setting === "") return backend === "kubernetes" ? "psat" : "api";
+  return setting as TokenSource;
 }
 
 export interface IssuedIdentity {
@@ -174,7 +178,10 @@ export class InstanceIdentity {
   }
 }
 
-/** The provider of a token source (one today; a Kubernetes backend would add projected tokens). */
+/**
+ * The provider of a token source for local instances. `psat` has none: on Kubernetes the cluster
+ * projects each pod's token into it, and the agent issues nothing.
+ */
 export function identityProvider(
   source: TokenSource,
   opts: { apiUrl: string; serviceToken: string },
@@ -182,5 +189,9 @@ export function identityProvider(
   switch (source) {
     case "api":
       return apiIdentityProvider(opts);
+    case "psat":
+      throw new Error(
+        "the psat token source is a pod's projected service-account token; only the kubernetes backend has pods",
+      );
   }
 }

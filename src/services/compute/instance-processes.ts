@@ -10,6 +10,7 @@ import type { InstanceStatus } from "../../lib/instance-status.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/process/index.js";
 import { distRoot, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
 import type { InstanceFolders } from "./instance-folders.js";
+import { workerEnvironment } from "./worker-env.js";
 
 /** The instance's status, as the processes read and set it. */
 export interface StatusReport {
@@ -73,47 +74,21 @@ export class InstanceProcesses {
       ipc: false,
       restart,
     } satisfies ChildSpec);
-    const spec = d.specs[0];
     this.worker = new SupervisedChild({
       name: `${d.name}-${this.slot}-worker`,
       command: process.execPath,
       args: [join(distRoot, "src", "services", "worker", "main.js")],
       env: {
         PATH: process.env.PATH ?? "/usr/bin:/bin",
-        NVCF_FQDN_NATS: this.env.natsUrl,
-        FUNCTION_ID: d.functionId,
-        FUNCTION_VERSION_ID: d.versionId,
-        FUNCTION_NAME: d.name,
-        NCA_ID: d.ncaId,
-        INSTANCE_ID: instanceId,
-        INSTANCE_TYPE: spec.instanceType,
-        GPU_NAME: spec.gpu,
+        ...workerEnvironment(d, this.env, {
+          instanceId,
+          tokenFile,
+          identitySource: this.env.identity.source,
+          responsesDir: folders.responses,
+        }),
         INFERENCE_HOST: this.host,
-        INFERENCE_PORT: String(d.spec.inferencePort),
-        INFERENCE_URL: d.spec.inferenceUrl,
-        INFERENCE_HEALTH_ENDPOINT: d.spec.health.uri,
-        INFERENCE_HEALTH_PORT: String(d.spec.health.port),
-        INFERENCE_HEALTH_PROTOCOL: d.spec.health.protocol,
-        INFERENCE_HEALTH_TIMEOUT: d.spec.health.timeout,
-        INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE: String(d.spec.health.expectedStatusCode),
-        MAX_REQUEST_CONCURRENCY: String(spec.maxRequestConcurrency),
-        NVCF_TOKEN_FILE_PATH: tokenFile,
-        NVCF_IDENTITY_SOURCE: this.env.identity.source,
-        NVCF_NATS_CA_PEM: this.env.natsCaPem,
-        ...this.env.workerNatsEnv(),
         HEALTH_HOST: this.host,
-        HEALTH_PORT: "8080",
-        BASE_RESPONSE_DIR: folders.responses,
-        NVCF_REGION: this.env.region,
-        NVCF_SERVICE_DOMAIN: this.env.serviceDomain,
-        CALLPLANE_KEEPALIVE_SECONDS: String(this.env.keepAliveSeconds),
-        CALLPLANE_INFERENCE_IDLE_SECONDS: String(this.env.inferenceIdleSeconds),
-        CALLPLANE_ACK_WAIT_SECONDS: String(this.env.ackWaitSeconds),
-        CALLPLANE_STREAM_MAX_MESSAGES: String(this.env.streamMaxMessages),
-        CALLPLANE_STREAM_MAX_MESSAGE_BYTES: String(this.env.streamMaxMessageBytes),
-        CALLPLANE_STREAM_REPLICAS: String(this.env.streamReplicas),
-        CALLPLANE_LOG_LEVEL: this.env.logLevel,
-        ...this.env.workerExtraEnv,
+        ...this.env.workerNatsEnv(),
       },
       cwd: process.cwd(),
       logFile: join(logs, `${d.name}-${this.slot}-worker.log`),

@@ -1,11 +1,14 @@
 // The agent's instance bookkeeping: the instances of each deployment, the ones still stopping (they
 // hold their address until their processes exit), and the terminated ones not yet reported once.
+// Instances the backend adopted at start join their deployment's list as if the agent had started
+// them; the first sync keeps the wanted ones and stops the rest.
 import type { ComputeInstance } from "./backend.js";
 
 export class InstanceTable<I extends ComputeInstance> {
   private readonly byDeployment = new Map<string, I[]>();
   private readonly stopping = new Set<I>();
   private readonly terminated: I[] = [];
+  private readonly pending = new Set<Promise<void>>();
 
   /** The instances of every desired deployment. */
   all(): I[] {
@@ -24,6 +27,25 @@ export class InstanceTable<I extends ComputeInstance> {
     return list;
   }
 
+  /** Instances an earlier run left (the backend adopted them): each joins its deployment's list. */
+  adopt(list: readonly I[]): void {
+    for (const i of list) this.listOf(i.deployment.deploymentId).push(i);
+  }
+
+  /** Some instance went away outside the agent and waits to be replaced. */
+  hasEnded(): boolean {
+    return this.all().some((i) => i.ended);
+  }
+
+  /** Takes the instances that went away outside the agent out of their lists (to be stopped and replaced). */
+  takeEnded(): I[] {
+    const ended: I[] = [];
+    for (const list of this.byDeployment.values()) {
+      for (let k = list.length - 1; k >= 0; k--) if (list[k].ended) ended.push(...list.splice(k, 1));
+    }
+    return ended;
+  }
+
   /** Takes the deployments no longer wanted out of the table, with their instances. */
   removeUnwanted(wanted: ReadonlySet<string>): Array<[string, I[]]> {
     const gone: Array<[string, I[]]> = [];
@@ -35,13 +57,24 @@ export class InstanceTable<I extends ComputeInstance> {
     return gone;
   }
 
-  /** Stops one instance taken out of the table; it is reported TERMINATED once stopped. */
+  /**
+   * Stops one instance taken out of the table; it is reported TERMINATED once stopped (or once its
+   * stop failed: it is not the table's any more either way).
+   */
   stop(i: I): Promise<void> {
-    this.stopping.add(i);
-    return i.stop().then(() => {
+    const done = i.stop().finally(() => {
       this.stopping.delete(i);
+      this.pending.delete(done);
       this.terminated.push(i);
     });
+    this.stopping.add(i);
+    this.pending.add(done);
+    return done;
+  }
+
+  /** Waits for every stop under way (failed ones included). */
+  async settled(): Promise<void> {
+    await Promise.allSettled([...this.pending]);
   }
 
   /** The agent closes: stops every instance of the table. */

@@ -6,9 +6,10 @@ import { removeTreeSync } from "../../lib/fs.js";
 import type { Logger } from "../../lib/log.js";
 import { cidrHost, parseCidr, type Cidr } from "../../lib/net/index.js";
 import type { ComputeApiClient } from "./api-client.js";
-import type { ComputeBackend, DeploymentSpec } from "./backend.js";
+import { defaultInstanceCount, type ComputeBackend, type DeploymentSpec } from "./backend.js";
 import type { BackendFilled, DesiredDeployment, InstanceEnvironment } from "./deployment.js";
 import type { IdentityProvider } from "./identity.js";
+import { LOCAL_INSTANCE_TYPE, type InstanceTypeOffer } from "./instance-types.js";
 import { passMode, prepareAgentRoot } from "./instance-folders.js";
 import { resolveInstanceUser, type InstanceUser } from "./instance-user.js";
 import { LocalInstance } from "./local.js";
@@ -36,6 +37,7 @@ export interface LocalBackendOptions {
 
 export class LocalBackend implements ComputeBackend<LocalInstance> {
   readonly name = "local";
+  readonly outlivesAgent = false;
   private readonly network: Cidr;
   private readonly instanceEnv: InstanceEnvironment;
   private workerNatsEnv: Record<string, string> = {};
@@ -68,7 +70,12 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
 
   /** The local backend does not scale to zero: it runs minInstances, and at least one. */
   instanceCount(spec: DeploymentSpec): number {
-    return Math.min(spec.maxInstances, Math.max(spec.minInstances, 1));
+    return defaultInstanceCount(spec);
+  }
+
+  /** One type, a CPU instance on this machine. */
+  offerInstanceTypes(publish: (types: readonly InstanceTypeOffer[]) => void): void {
+    publish([LOCAL_INSTANCE_TYPE]);
   }
 
   create(d: DesiredDeployment, inUse: readonly LocalInstance[], onChange: () => void): LocalInstance {
@@ -96,8 +103,16 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
     this.workerNatsEnv = env;
   }
 
-  /** Resolves the servers' user (creating the default one) and prepares the folders; throws what to fix. */
-  prepare(): void {
+  /**
+   * Resolves the servers' user (creating the default one) and prepares the folders; throws what to
+   * fix. Nothing is adopted: an earlier run's processes went with it.
+   */
+  prepare(): Promise<LocalInstance[]> {
+    this.prepareFolders();
+    return Promise.resolve([]);
+  }
+
+  private prepareFolders(): void {
     const { logger, local } = this.opts;
     const user = (this.user = resolveInstanceUser(local.runAs));
     this.logUser(user);
@@ -136,7 +151,8 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
   }
 
   /** The agent's own folders (stack-<hash>) go with it; each instance removed its own. */
-  dispose(): void {
+  dispose(): Promise<void> {
     removeTreeSync([this.opts.instancesRoot, ...(this.opts.secrets ? [this.opts.secrets.root] : [])]);
+    return Promise.resolve();
   }
 }

@@ -22,7 +22,7 @@ import {
 import { InstanceFolders } from "./instance-folders.js";
 import { InstanceProcesses } from "./instance-processes.js";
 import { programFilesProblem } from "./instance-user.js";
-import type { ComputeInstance } from "./backend.js";
+import type { ComputeInstance, WorkerAuth } from "./backend.js";
 
 // the types a caller of LocalInstance names, where it has always found them
 export type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
@@ -155,6 +155,14 @@ export class LocalInstance implements ComputeInstance {
   get workerIdentifier(): string | undefined {
     return this.status === "TERMINATED" ? undefined : this.identity?.workerIdentifier;
   }
+
+  get workerAuth(): WorkerAuth | undefined {
+    const w = this.workerIdentifier;
+    return w ? { workerIdentifier: w } : undefined;
+  }
+
+  /** Its processes are the agent's children: nothing ends one behind the agent's back. */
+  readonly ended = false;
 
   get tokenFile(): string | undefined {
     return this.identity?.tokenFile;

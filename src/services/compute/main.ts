@@ -6,6 +6,7 @@ import { hostname } from "node:os";
 import { readServiceToken } from "../../lib/identity/index.js";
 import { parseHostPort } from "../../lib/net/index.js";
 import { runService } from "../../lib/process/index.js";
+import { KubeClient, kubeConnection } from "../../lib/kube/index.js";
 import { createComputeAgent } from "./agent.js";
 import { secretsRoot } from "./secrets.js";
 import { tokenSource } from "./identity.js";
@@ -31,18 +32,45 @@ function workerProxyEnv(config: Config): Record<string, string> {
   return env;
 }
 
+/** The kubernetes backend's settings, or why the agent cannot start with them. */
+function kubernetesSettings(config: Config) {
+  const k = config.compute.kubernetes;
+  if (!config.kubernetes.image)
+    throw new Error(
+      "kubernetes.image is empty: on the kubernetes compute backend every pod runs the worker from the callplane image; set kubernetes.image in the environment file (the image `callplane render` deploys)",
+    );
+  const client = new KubeClient(
+    kubeConnection({ server: k.apiServer, caFile: k.caFile, tokenFile: k.tokenFile }),
+  );
+  return {
+    client,
+    namespace: config.kubernetes.workerNamespace,
+    workerImage: config.kubernetes.image,
+    gpuResource: k.gpuResource,
+    unschedulableSeconds: k.unschedulableSeconds,
+    terminationGraceSeconds: k.terminationGraceSeconds,
+    instanceTypes: k.instanceTypes,
+  };
+}
+
 runService(
   "compute",
   async (config, logger) => {
-    const agent = createComputeAgent({
+    const onKubernetes = config.compute.backend === "kubernetes";
+    // before anything else: what is missing for pods says so first
+    const kubernetes = onKubernetes ? kubernetesSettings(config) : undefined;
+    const clusterId = config.compute.workerIdentity.clusterId;
+    const common = {
       listen: parseHostPort(config.compute.listen),
       apiUrl: config.api.url,
       serviceToken: readServiceToken(config.auth.serviceTokenDir, "compute"),
-      instanceNetwork: config.compute.instanceNetwork,
       syncIntervalMs: config.compute.syncIntervalSeconds * 1000,
-      reporter: `local-${hostname()}`,
+      // pods outlive the agent and its pod's name: the next agent replaces the same rows
+      reporter: onKubernetes ? `kubernetes-${clusterId}` : `local-${hostname()}`,
+      clusterId,
       instanceEnv: {
-        natsUrl: config.nats.url,
+        // workers in pods usually reach NATS by another name than the agent does
+        natsUrl: (onKubernetes && config.compute.kubernetes.workerNatsUrl) || config.nats.url,
         region: config.global.region,
         serviceDomain: config.global.serviceDomain,
         dataDir: config.global.dataDir,
@@ -61,13 +89,34 @@ runService(
         workerExtraEnv: workerProxyEnv(config),
         natsCaPem: readFileSync(config.nats.tls.caFile, "utf8"),
       },
+      tokenSource: tokenSource(config.compute.workerIdentity.tokenSource, config.compute.backend),
+      logger,
+    };
+    if (kubernetes) {
+      const agent = createComputeAgent({ ...common, kubernetes });
+      // no exit hook: the pods are not this process's children, and the next start adopts them
+      const url = await agent.listen();
+      logger.info(
+        { namespace: kubernetes.namespace, apiServer: kubernetes.client.server, clusterId },
+        "instances run as pods",
+      );
+      return {
+        urls: { compute: url.origin },
+        close: async (g) => {
+          await agent.close(g);
+          await kubernetes.client.close();
+        },
+        destroy: () => agent.destroy(),
+      };
+    }
+    const agent = createComputeAgent({
+      ...common,
+      instanceNetwork: config.compute.instanceNetwork,
       secrets: {
         root: secretsRoot(config.global.dataDir, config.compute.secrets.dir),
         env: config.compute.secrets.env,
       },
-      tokenSource: tokenSource(config.compute.workerIdentity.tokenSource),
       local: config.compute.local,
-      logger,
     });
     // Fix: an agent that dies (an uncaught error, a second stop signal) left its inference servers
     // running: unlike the workers they have no control channel to notice, and they kept the
@@ -78,5 +127,6 @@ runService(
     const url = await agent.listen();
     return { urls: { compute: url.origin }, close: (g) => agent.close(g), destroy: () => agent.destroy() };
   },
+  // the pods' own grace is theirs: the agent leaves them running when it stops
   { graceMs: (c) => (c.compute.stopGraceSeconds + 5) * 1000 },
 );

@@ -1,6 +1,8 @@
 // The reconcile loop: every syncIntervalMs, reads the desired deployments from the API, starts and
 // stops instances (through the backend) until each deployment has its count, hands running ones a
-// new secrets revision, and reports. Status changes between syncs are reported as they happen.
+// new secrets revision, and reports. Status changes between syncs are reported as they happen. An
+// instance that went away outside the agent (its pod deleted, or Failed) is taken out, reported
+// TERMINATED and replaced at once: the next sync starts right away.
 import type { Logger } from "../../lib/log.js";
 import type { ComputeApiClient } from "./api-client.js";
 import type { ComputeBackend, ComputeInstance } from "./backend.js";
@@ -22,6 +24,8 @@ export class Reconciler<I extends ComputeInstance> {
   private timer: NodeJS.Timeout | undefined;
   private syncing: Promise<void> | undefined;
   private stopped = false;
+  /** An instance ended during a sync: sync again right after it. */
+  private again = false;
 
   constructor(private readonly deps: ReconcilerDeps<I>) {}
 
@@ -36,10 +40,11 @@ export class Reconciler<I extends ComputeInstance> {
     if (this.timer) clearTimeout(this.timer);
   }
 
-  /** Halts, and waits for the sync under way. */
+  /** Halts, and waits for the sync under way and the instances it was stopping. */
   async stop(): Promise<void> {
     this.halt();
     await this.syncing;
+    await this.deps.instances.settled();
   }
 
   /** An instance's status changed (the backend calls this). */
@@ -49,7 +54,19 @@ export class Reconciler<I extends ComputeInstance> {
     // instance's exit noticed after its stop) used to queue one more report behind it, with
     // nothing left in it, which replaced the TERMINATED rows with none.
     if (!this.syncing && !this.stopped) void this.deps.reporter.report().catch(() => undefined);
+    if (this.deps.instances.hasEnded()) this.soon();
   };
+
+  /** Syncs now (or right after the sync under way) instead of at the next interval. */
+  private soon(): void {
+    if (this.stopped) return;
+    if (this.syncing) {
+      this.again = true;
+      return;
+    }
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.tick(), 0);
+  }
 
   private tick(): void {
     if (this.stopped) return;
@@ -65,7 +82,9 @@ export class Reconciler<I extends ComputeInstance> {
         this.syncing = undefined;
         if (this.deps.reporter.dirty && !this.stopped)
           void this.deps.reporter.report().catch(() => undefined);
-        if (!this.stopped) this.timer = setTimeout(() => this.tick(), this.deps.syncIntervalMs);
+        const delay = this.again ? 0 : this.deps.syncIntervalMs;
+        this.again = false;
+        if (!this.stopped) this.timer = setTimeout(() => this.tick(), delay);
       });
   }
 
@@ -78,10 +97,34 @@ export class Reconciler<I extends ComputeInstance> {
     backend.setWorkerNatsEnv(desired.workerNatsEnv ?? {});
     this.lastSyncOk = true;
     const wanted = new Set(deployments.map((d) => d.deploymentId));
-    const stops: Array<Promise<void>> = [];
+    // Stops are not waited for: a pod's takes as long as its grace (minutes), and the next sync must
+    // not wait for it. Each one reports when it is done; stop() waits for them.
+    const stop = (inst: I) => {
+      void instances
+        .stop(inst)
+        .catch((err: unknown) =>
+          logger.warn(
+            { instanceId: inst.instanceId, err: (err as Error).message },
+            "stopping an instance failed",
+          ),
+        )
+        .finally(this.instanceChanged);
+    };
+    for (const inst of instances.takeEnded()) {
+      logger.info(
+        {
+          function: inst.deployment.name,
+          instanceId: inst.instanceId,
+          location: inst.location,
+          message: inst.message,
+        },
+        "instance went away outside the agent: replacing it",
+      );
+      stop(inst);
+    }
     for (const [id, list] of instances.removeUnwanted(wanted)) {
       logger.info({ deploymentId: id, instances: list.length }, "deployment removed: stopping its instances");
-      for (const i of list) stops.push(instances.stop(i));
+      for (const i of list) stop(i);
     }
     for (const d of deployments) {
       const spec = d.specs[0];
@@ -100,12 +143,11 @@ export class Reconciler<I extends ComputeInstance> {
       }
       while (list.length > target) {
         const inst = list.pop()!;
-        stops.push(instances.stop(inst));
+        stop(inst);
       }
       // a secret of the version changed: running instances get the new file
       for (const inst of list) inst.refreshSecrets(d.secretsRevision ?? 0);
     }
-    await Promise.all(stops);
     await this.deps.reporter.report();
   }
 }

@@ -58,7 +58,7 @@ export class StatusReporter<I extends ComputeInstance> {
         backend: this.deps.backend,
         location: i.location,
         ...(i.message ? { message: i.message.slice(0, 2000) } : {}),
-        ...(i.workerIdentifier ? { workerAuth: { workerIdentifier: i.workerIdentifier } } : {}),
+        ...(i.workerAuth ? { workerAuth: i.workerAuth } : {}),
         createdAt: i.createdAt,
         updatedAt: i.updatedAt,
       })),

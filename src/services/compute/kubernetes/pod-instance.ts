@@ -1,0 +1,462 @@
+// One instance on Kubernetes, as the agent sees it: starting provisions its pod and identity (one
+// transaction, worker-identity.ts; a failure leaves nothing and is retried with backoff, as a new
+// instance with a new id); its status follows its pod (pod-state.ts), which the backend's one watch
+// hands it; stopping deletes the pod with its grace, waits (bounded) until the watch says it is
+// gone, then purges its identity objects. Its pod going away otherwise (deleted by someone, Failed)
+// ends it: the agent reports it TERMINATED and starts another.
+import { randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { IPod } from "kubernetes-models/v1";
+import type { InstanceStatus } from "../../../lib/instance-status.js";
+import { isNotFound, kubePaths, type KubeClient } from "../../../lib/kube/index.js";
+import type { Logger } from "../../../lib/log.js";
+import type { ComputeApiClient } from "../api-client.js";
+import type { ComputeInstance, WorkerAuth } from "../backend.js";
+import type { DesiredDeployment } from "../deployment.js";
+import type { FetchedSecrets } from "../secrets.js";
+import type { WorkerSettings } from "../worker-env.js";
+import type { ClusterInstanceTypes } from "./instance-types.js";
+import {
+  ANNOTATIONS,
+  buildInstanceObjects,
+  identityNameOf,
+  LABELS,
+  podNameOf,
+  secretsData,
+  secretsSecretOf,
+  type KubePod,
+} from "./pod-spec.js";
+import { podVerdict } from "./pod-state.js";
+import { WorkerIdentity } from "./worker-identity.js";
+
+/** What every instance of the backend shares. */
+export interface PodContext {
+  client: KubeClient;
+  namespace: string;
+  clusterId: string;
+  workerImage: string;
+  gpuResource: string;
+  terminationGraceSeconds: number;
+  unschedulableMs: number;
+  /** How long stop() waits for a deleted pod to go, beyond its grace. */
+  deleteWaitMs: number;
+  restart: { initialMs: number; maxMs: number };
+  worker: WorkerSettings;
+  workerNatsEnv(): Record<string, string>;
+  instanceTypes: ClusterInstanceTypes;
+  api: ComputeApiClient;
+  logger: Logger;
+  /** The backend's dispatch table (the watch finds an instance by its id label). */
+  track(id: string, inst: PodInstance): void;
+  untrack(id: string, inst: PodInstance): void;
+}
+
+/** The deployment an adopted pod belongs to, as far as its labels and annotations say. */
+export function deploymentOfPod(pod: IPod): DesiredDeployment {
+  const labels = pod.metadata?.labels ?? {};
+  const ann = pod.metadata?.annotations ?? {};
+  const inference = pod.spec?.containers.find((c) => c.name === "inference");
+  const port = inference?.ports?.[0]?.containerPort ?? 0;
+  // only what reports and secrets refreshes use is known; the rest is never read for a running pod
+  return {
+    deploymentId: labels[LABELS.deploymentId] ?? "",
+    functionId: labels[LABELS.functionId] ?? "",
+    versionId: labels[LABELS.versionId] ?? "",
+    name: ann[ANNOTATIONS.functionName] ?? "",
+    ncaId: labels[LABELS.ncaId] ?? "",
+    specs: [
+      {
+        gpu: ann[ANNOTATIONS.gpuName] ?? "",
+        instanceType: ann[ANNOTATIONS.instanceType] ?? "",
+        minInstances: 1,
+        maxInstances: 1,
+        maxRequestConcurrency: 1,
+      },
+    ],
+    spec: {
+      inferenceUrl: "",
+      inferencePort: port,
+      containerImage: inference?.image ?? "",
+      containerEnvironment: [],
+      health: { protocol: "HTTP", uri: "", port, timeout: "", expectedStatusCode: 200 },
+    },
+  };
+}
+
+export class PodInstance implements ComputeInstance {
+  private id: string;
+  status: InstanceStatus = "STARTING";
+  message: string | undefined;
+  readonly createdAt: string;
+  updatedAt: string;
+  ended = false;
+  private endedMessage: string | undefined;
+  /** The pod as last seen, and its uid once the agent knows it made (or adopted) it. */
+  private pod: IPod | undefined;
+  private podUid: string | undefined;
+  private saUid: string | undefined;
+  private identity: WorkerIdentity | undefined;
+  /** A DELETED event for a pod of this instance that came before its create call answered. */
+  private deletedEarly: string | undefined;
+  private gone = false;
+  private onGone: (() => void) | undefined;
+  private readonly starting = new AbortController();
+  private provisioning: Promise<void> | undefined;
+  private stopping: Promise<void> | undefined;
+  private recheck: NodeJS.Timeout | undefined;
+  private secretsRevision = -1;
+  private refreshing: Promise<void> | undefined;
+
+  constructor(
+    private readonly ctx: PodContext,
+    readonly deployment: DesiredDeployment,
+    private readonly onChange: () => void,
+    adopted?: { pod: KubePod },
+  ) {
+    const pod = adopted?.pod;
+    this.id = pod
+      ? (pod.metadata.labels?.[LABELS.instanceId] ?? pod.metadata.name.replace(/^cp-/, ""))
+      : randomUUID();
+    this.createdAt = pod?.metadata.creationTimestamp ?? new Date().toISOString();
+    this.updatedAt = this.createdAt;
+    ctx.track(this.id, this);
+    if (pod) {
+      this.podUid = pod.metadata.uid;
+      this.pod = pod;
+      this.identity = new WorkerIdentity(ctx.client, ctx.namespace, pod.metadata.name, ctx.logger);
+      // its first status is set quietly: the agent reports once it has adopted them all
+      this.judge(true);
+    }
+  }
+
+  get instanceId(): string {
+    return this.id;
+  }
+
+  get podName(): string {
+    return podNameOf(this.id);
+  }
+
+  /** namespace/pod, and its node and IP once it has them. */
+  get location(): string {
+    const node = this.pod?.spec?.nodeName;
+    const ip = this.pod?.status?.podIP;
+    return `${this.ctx.namespace}/${this.podName}${node ? ` on ${node}` : ""}${ip ? ` at ${ip}` : ""}`;
+  }
+
+  /** The pod's account and the pod itself, once it exists (NVCA's WorkerAuth). */
+  get workerAuth(): WorkerAuth | undefined {
+    if (this.status === "TERMINATED" || !this.podUid || !this.saUid) return undefined;
+    return {
+      sub: `system:serviceaccount:${this.ctx.namespace}:${identityNameOf(this.podName)}`,
+      saUid: this.saUid,
+      workerIdentifiers: [{ name: this.podName, uid: this.podUid }],
+    };
+  }
+
+  /** What the backend found beside an adopted pod: its account's uid and its secrets' revision. */
+  adoptedWith(found: { saUid?: string; secretsRevision?: number }): void {
+    if (found.saUid) this.saUid = found.saUid;
+    if (found.secretsRevision !== undefined) this.secretsRevision = found.secretsRevision;
+  }
+
+  private set(status: InstanceStatus, message?: string, quiet = false): void {
+    if (this.status === "TERMINATED") return;
+    if (this.status === status && this.message === message) return;
+    this.status = status;
+    this.message = message;
+    this.updatedAt = new Date().toISOString();
+    if (quiet) return;
+    this.ctx.logger.info(
+      { instanceId: this.id, pod: this.podName, function: this.deployment.name, status, message },
+      `instance ${status}`,
+    );
+    this.onChange();
+  }
+
+  start(): void {
+    this.provisioning = this.provision();
+  }
+
+  private async fetchSecrets(): Promise<Pick<FetchedSecrets, "revision" | "values">> {
+    const d = this.deployment;
+    if (!d.secretsRevision) return { revision: 0, values: {} };
+    const fetched = await this.ctx.api.secrets(d.functionId, d.versionId);
+    if (fetched.unreadable.length)
+      this.ctx.logger.warn(
+        { instanceId: this.id, function: d.name, secrets: fetched.unreadable.map((u) => u.name) },
+        "some secrets of this version cannot be decrypted; the instance gets the others (see the API log)",
+      );
+    return fetched;
+  }
+
+  /** Provisions the pod and its identity; retried with backoff (and a new id) until it is made or the instance stopped. */
+  private async provision(): Promise<void> {
+    const { ctx } = this;
+    const signal = this.starting.signal;
+    const spec = this.deployment.specs[0];
+    let delay = ctx.restart.initialMs;
+    const backoff = async () => {
+      await sleep(delay, undefined, { signal }).catch(() => undefined);
+      delay = Math.min(delay * 2, ctx.restart.maxMs);
+    };
+    while (!signal.aborted) {
+      let secrets: Pick<FetchedSecrets, "revision" | "values">;
+      try {
+        secrets = await this.fetchSecrets();
+      } catch (err) {
+        this.set(
+          "STARTING",
+          `waiting for the API to give the instance its secrets: ${(err as Error).message}`,
+        );
+        await backoff();
+        continue;
+      }
+      const type = ctx.instanceTypes.resolve(spec.gpu, spec.instanceType);
+      if (!type) {
+        const offered = ctx.instanceTypes.current.map((t) => `${t.name} (${t.gpu})`).join(", ") || "none";
+        this.set(
+          "ERRORED",
+          `this cluster does not offer instance type ${spec.instanceType} with gpu ${spec.gpu} (it offers ${offered}); no pod was created; retrying`,
+        );
+        await backoff();
+        continue;
+      }
+      if (signal.aborted) return;
+      const identity = new WorkerIdentity(ctx.client, ctx.namespace, this.podName, ctx.logger);
+      try {
+        const objects = buildInstanceObjects({
+          instanceId: this.id,
+          namespace: ctx.namespace,
+          clusterId: ctx.clusterId,
+          deployment: this.deployment,
+          instanceType: type,
+          gpuResource: ctx.gpuResource,
+          terminationGraceSeconds: ctx.terminationGraceSeconds,
+          workerImage: ctx.workerImage,
+          worker: ctx.worker,
+          workerNatsEnv: ctx.workerNatsEnv(),
+          secrets,
+        });
+        const made = await identity.provision(objects, signal);
+        this.identity = identity;
+        this.saUid = made.serviceAccount.metadata.uid;
+        this.secretsRevision = secrets.revision;
+        ctx.logger.info(
+          { instanceId: this.id, pod: this.podName, function: this.deployment.name, instanceType: type.name },
+          "pod created",
+        );
+        this.created(made.pod);
+        return;
+      } catch (err) {
+        if (signal.aborted) return;
+        ctx.logger.warn(
+          {
+            instanceId: this.id,
+            pod: this.podName,
+            function: this.deployment.name,
+            err: (err as Error).message,
+          },
+          "could not create the pod and its identity; nothing of it is left, retrying",
+        );
+        this.set(
+          "ERRORED",
+          `could not create the pod and its worker identity, so nothing runs: ${(err as Error).message}; retrying`,
+        );
+      }
+      await backoff();
+      if (signal.aborted) return;
+      // a fresh id for the next attempt: nothing of the failed one can be in its way
+      const old = this.id;
+      this.id = randomUUID();
+      ctx.untrack(old, this);
+      ctx.track(this.id, this);
+    }
+  }
+
+  /** The create call answered: from now on the watch's view of the pod is the instance's status. */
+  private created(pod: KubePod): void {
+    this.podUid = pod.metadata.uid;
+    if (this.deletedEarly === this.podUid) {
+      this.podGone();
+      return;
+    }
+    // the watch may have told newer news already
+    if (this.pod?.metadata?.uid !== this.podUid) this.pod = pod;
+    this.judge();
+  }
+
+  /** The backend's watch saw the pod change (or go). */
+  observe(type: "ADDED" | "MODIFIED" | "DELETED", pod: IPod): void {
+    const uid = pod.metadata?.uid;
+    if (this.podUid && uid !== this.podUid) return;
+    if (type === "DELETED") {
+      if (this.podUid) this.podGone();
+      else this.deletedEarly = uid;
+      return;
+    }
+    this.pod = pod;
+    if (this.podUid) this.judge();
+  }
+
+  /** A re-list lacks the pod and a GET says it is gone: its DELETED event was missed. */
+  podMissing(): void {
+    if (this.podUid) this.podGone();
+  }
+
+  private podGone(): void {
+    if (this.gone) return;
+    this.gone = true;
+    this.onGone?.();
+    if (!this.stopping) this.end("TERMINATED", "the pod was deleted, not by the agent");
+  }
+
+  /** It went away outside the agent: the agent stops what is left of it and starts another. */
+  private end(status: InstanceStatus, message: string): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.endedMessage = message;
+    this.ctx.logger.warn(
+      { instanceId: this.id, pod: this.podName, function: this.deployment.name, reason: message },
+      "the instance's pod went away outside the agent; it will be replaced",
+    );
+    this.set(status, message);
+  }
+
+  private judge(quiet = false): void {
+    if (this.recheck) clearTimeout(this.recheck);
+    this.recheck = undefined;
+    const pod = this.pod;
+    if (!pod || this.stopping || this.ended) return;
+    if (pod.metadata?.deletionTimestamp) {
+      this.end("TERMINATED", "the pod is being deleted, not by the agent");
+      return;
+    }
+    const now = Date.now();
+    const v = podVerdict(pod, now, this.ctx.unschedulableMs);
+    if ("ended" in v) {
+      this.end("ERRORED", v.message);
+      return;
+    }
+    this.set(v.status, v.message, quiet);
+    if (v.recheckAt !== undefined) {
+      this.recheck = setTimeout(() => this.judge(), Math.max(0, v.recheckAt - now) + 50);
+      this.recheck.unref();
+    }
+  }
+
+  /** A secret of the version changed: the pod's secrets Secret gets the new secrets.json. */
+  refreshSecrets(revision: number): void {
+    if (this.stopping || !this.podUid || this.refreshing || this.secretsRevision === revision) return;
+    const d = this.deployment;
+    this.refreshing = (async () => {
+      try {
+        const fetched = await this.ctx.api.secrets(d.functionId, d.versionId);
+        if (this.stopping) return;
+        await this.ctx.client.patch(
+          kubePaths.secrets(this.ctx.namespace, secretsSecretOf(this.podName)),
+          {
+            metadata: { annotations: { [ANNOTATIONS.secretsRevision]: String(fetched.revision) } },
+            data: secretsData(fetched.values),
+          },
+          "merge",
+        );
+        this.secretsRevision = fetched.revision;
+        this.ctx.logger.info(
+          { instanceId: this.id, pod: this.podName, revision: fetched.revision },
+          "secrets refreshed",
+        );
+      } catch (err) {
+        this.ctx.logger.warn(
+          { instanceId: this.id, pod: this.podName, err: (err as Error).message },
+          "could not refresh the instance's secrets; retrying at the next sync",
+        );
+      } finally {
+        this.refreshing = undefined;
+      }
+    })();
+  }
+
+  /** Deletes the pod with its grace, waits until it is gone (bounded), then purges its identity. */
+  stop(): Promise<void> {
+    this.stopping ??= this.stopNow();
+    return this.stopping;
+  }
+
+  private async stopNow(): Promise<void> {
+    const { ctx } = this;
+    this.starting.abort();
+    if (this.recheck) clearTimeout(this.recheck);
+    await this.provisioning;
+    await this.refreshing;
+    if (this.podUid && !this.gone) {
+      const grace = ctx.terminationGraceSeconds;
+      const gone = new Promise<void>((r) => (this.onGone = r));
+      const path = kubePaths.pods(ctx.namespace, this.podName);
+      try {
+        await ctx.client.delete(path, { gracePeriodSeconds: grace, tolerateMissing: false });
+        ctx.logger.info(
+          { instanceId: this.id, pod: this.podName, function: this.deployment.name, graceSeconds: grace },
+          "pod deleted",
+        );
+        const bound = grace * 1000 + ctx.deleteWaitMs;
+        const timer = new AbortController();
+        await Promise.race([gone, sleep(bound, undefined, { signal: timer.signal }).catch(() => undefined)]);
+        timer.abort();
+        if (!this.gone) {
+          // the watch may have missed it: ask once
+          const still = await ctx.client.get(path).then(
+            () => true,
+            (err: unknown) => !isNotFound(err),
+          );
+          if (still)
+            ctx.logger.warn(
+              { instanceId: this.id, pod: this.podName, waitedMs: bound },
+              "the pod is still terminating; purging its identity all the same",
+            );
+        }
+      } catch (err) {
+        if (!isNotFound(err))
+          ctx.logger.warn(
+            { instanceId: this.id, pod: this.podName, err: (err as Error).message },
+            "could not delete the pod; purging its identity all the same (its node's kubelet may keep it running until then)",
+          );
+      }
+      this.gone = true;
+    }
+    if (this.identity) {
+      try {
+        await this.identity.purge();
+      } catch (err) {
+        ctx.logger.warn(
+          { instanceId: this.id, pod: this.podName, err: (err as Error).message },
+          "could not delete the pod's identity objects; they go with the pod (owner references) or at the agent's next start",
+        );
+      }
+    }
+    this.set("TERMINATED", this.endedMessage);
+    ctx.untrack(this.id, this);
+  }
+
+  /** Deletes the pod at once, without waiting (its identity objects go with it: owner references). */
+  killNow(): void {
+    this.starting.abort();
+    if (this.recheck) clearTimeout(this.recheck);
+    if (!this.podUid || this.gone) return;
+    this.ctx.client
+      .delete(kubePaths.pods(this.ctx.namespace, this.podName), { gracePeriodSeconds: 0 })
+      .catch((err: unknown) =>
+        this.ctx.logger.warn(
+          { instanceId: this.id, pod: this.podName, err: (err as Error).message },
+          "could not delete the pod",
+        ),
+      );
+  }
+
+  /** The agent closes and leaves its pods running: stops provisioning (undoing one under way) and timers. */
+  async release(): Promise<void> {
+    this.starting.abort();
+    if (this.recheck) clearTimeout(this.recheck);
+    await this.provisioning;
+  }
+}
