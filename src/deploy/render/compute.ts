@@ -25,17 +25,13 @@ import { deployment, serviceAccount } from "./workload.js";
  */
 export const COMPUTE_AGENT_RULES = [
   { apiGroups: [""], resources: ["pods"], verbs: ["get", "list", "watch", "create", "delete"] },
-  { apiGroups: [""], resources: ["serviceaccounts"], verbs: ["get", "list", "create", "delete", "patch"] },
+  { apiGroups: [""], resources: ["serviceaccounts"], verbs: ["list", "create", "delete", "patch"] },
   {
     apiGroups: ["rbac.authorization.k8s.io"],
     resources: ["roles", "rolebindings"],
-    verbs: ["get", "list", "create", "delete", "patch"],
+    verbs: ["list", "create", "delete", "patch"],
   },
-  {
-    apiGroups: [""],
-    resources: ["secrets"],
-    verbs: ["get", "list", "create", "update", "patch", "delete"],
-  },
+  { apiGroups: [""], resources: ["secrets"], verbs: ["list", "create", "patch", "delete"] },
 ] as const satisfies readonly IPolicyRule[];
 
 /** Cluster-wide, read only: the nodes' GPU labels, from which the instance types are found. */
