@@ -34,11 +34,17 @@ const CLUSTER = "bench";
 const TYPE = { name: "cpu.small", gpu: "CPU", gpuCount: 0 };
 const MANAGED = "app.kubernetes.io/managed-by=callplane-compute";
 
-/** How many objects a collection holds (one request: a list of one item carries the rest's count). */
+/**
+ * How many objects a collection holds: without a selector in one cheap request (a list of one item
+ * carries the rest's count), with one by listing them (the API server counts no selected rest).
+ */
 async function count(client: KubeClient, path: string, labelSelector?: string): Promise<number> {
-  const l = await client.list(path, { query: { limit: 1, ...(labelSelector ? { labelSelector } : {}) } });
+  if (labelSelector) return (await client.list(path, { query: { labelSelector } })).items.length;
+  const l = await client.list(path, { query: { limit: 1 } });
   return l.items.length + Number((l.metadata as { remainingItemCount?: number }).remainingItemCount ?? 0);
 }
+
+const say = (what: string) => console.error(`[bench kubernetes] ${what}`);
 
 /** apiserver_request_total summed over everything but WATCH (one long request each). */
 async function apiRequests(client: KubeClient): Promise<number> {
@@ -99,6 +105,7 @@ export async function benchKubernetes(o: KubernetesBenchOptions): Promise<Record
       }),
     );
     const bareSeconds = (performance.now() - bareStart) / 1000;
+    say(`baseline: ${o.instances} bare pods in ${bareSeconds.toFixed(1)} s`);
 
     const nats = await startNats(scope);
     const api = await startApi(scope, { nats, computeBackend: "kubernetes", clusterId: CLUSTER });
@@ -160,13 +167,16 @@ export async function benchKubernetes(o: KubernetesBenchOptions): Promise<Record
     const before = await apiRequests(k.admin);
     const started = performance.now();
     let pods = 0;
+    say(`deployed ${o.instances} instances; waiting for their pods`);
     while (pods < o.instances) {
       await sleep(250);
       ownPolls.n++;
-      pods = await count(k.admin, kubePaths.pods(WORKERS_NS), selector);
+      // (only this deployment's pods are in the workers' namespace)
+      pods = await count(k.admin, kubePaths.pods(WORKERS_NS));
       if (performance.now() - started > 30 * 60_000) throw new Error(`only ${pods} pods after 30 minutes`);
     }
     const provisionSeconds = (performance.now() - started) / 1000;
+    say(`${o.instances} pods in ${provisionSeconds.toFixed(1)} s`);
     // the owner references go on after each pod: let the agent settle before counting its requests
     await sleep(3000);
     ownPolls.n++;
@@ -189,6 +199,7 @@ export async function benchKubernetes(o: KubernetesBenchOptions): Promise<Record
     const beforeRestart = await uidsOf();
 
     // adoption: the agent stopped (its pods stay) and started again
+    say("restarting the agent");
     await agent.stop();
     const restarted = performance.now();
     agent = await startAgent("compute-restarted");

@@ -79,9 +79,17 @@ export function restartBackoffProblems(c: { compute: ComputeConfig }): string[] 
   return p;
 }
 
-/** The token source fits the backend: pod tokens exist only in pods, API-signed files only locally. */
-export function tokenSourceProblems(c: { compute: ComputeConfig }): string[] {
+/**
+ * The token source fits the backend: pod tokens exist only in pods, API-signed files only locally.
+ * And on Kubernetes, workers log in to NATS with the shared worker key until the plane verifies pod
+ * tokens (a worker's pod token is not an identity the API issued, so token mode would refuse them all).
+ */
+export function tokenSourceProblems(c: { compute: ComputeConfig; nats: { workerAuth: string } }): string[] {
   const { backend, workerIdentity } = c.compute;
+  if (backend === "kubernetes" && c.nats.workerAuth === "token")
+    return [
+      "nats.workerAuth is token, but compute.backend is kubernetes: the plane does not verify the workers' pod tokens yet, so no worker pod could log in to NATS; use nats.workerAuth: nkey (each pod gets the worker key from its own Secret)",
+    ];
   if (backend === "local" && workerIdentity.tokenSource === "psat")
     return [
       "compute.workerIdentity.tokenSource is psat, but compute.backend is local: projected pod tokens exist only on the kubernetes backend; leave it empty (or api)",
