@@ -221,7 +221,7 @@ async function main(): Promise<void> {
       `\nkubernetes compute backend (kube-apiserver 1.20.2 + etcd on loopback, no kubelet), ${String(result.machine)}`,
     );
     console.log(
-      `  provisioning ${String(result.instances)} instances (account, role, binding, 2 Secrets, pod each): ${String(p.seconds)} s (${String(p.podsPerSecond)} pods/s), ${String(p.apiRequestsPerPod)} API requests per pod, agent peak RSS ${String(p.agentPeakRssMiB)} MiB; objects ${JSON.stringify(p.objects)}`,
+      `  provisioning ${String(result.instances)} instances (account, role, binding, 2 Secrets, pod each): every pod in ${String(p.seconds)} s (${String(p.podsPerSecond)} pods/s), every identity object owned by its pod in ${String(p.completeSeconds)} s, ${String(p.apiRequestsPerPod)} API requests per pod, agent peak RSS ${String(p.agentPeakRssMiB)} MiB; objects ${JSON.stringify(p.objects)}`,
     );
     console.log(
       `  baseline: ${String(result.instances)} bare pods straight to the API server (16 at a time): ${b.barePodsSeconds} s (${b.barePodsPerSecond} pods/s); callplane's provisioning at ${String(p.ratioToBarePods)}x that rate`,
