@@ -13,17 +13,15 @@
 // Baseline in the same run: the API server alone creating N bare pods (one POST each, 16 at a
 // time, from this process): what the cluster costs without callplane's identity objects.
 import { randomBytes } from "node:crypto";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { kubePaths, type KubeClient } from "../src/lib/kube/index.js";
-import { createAdmissionWebhook } from "../src/services/admission-webhook/service.js";
 import { call } from "../test/testkit/client.js";
 import { distRoot, startApi, startNats, tmpDir } from "../test/testkit/index.js";
 import { startKubeApiServer } from "../test/testkit/kube-apiserver.js";
-import { AGENT_USERNAME, WORKERS_NS, applyRenderedSetup } from "../test/testkit/kube-setup.js";
+import { WORKERS_NS, applyRenderedSetup, startTestWebhook } from "../test/testkit/kube-setup.js";
 import { Scope, startService, type ChildHandle } from "../test/testkit/processes.js";
-import { testPki } from "../test/testkit/tls.js";
 import { machine } from "./harness.js";
 
 export interface KubernetesBenchOptions {
@@ -68,19 +66,9 @@ export async function benchKubernetes(o: KubernetesBenchOptions): Promise<Record
   const scope = new Scope();
   try {
     const k = await startKubeApiServer(scope);
-    const pki = await testPki();
-    const cert = await pki.issue(["127.0.0.1"]);
+    const webhook = await startTestWebhook(scope);
+    const setup = await applyRenderedSetup(k, { webhook });
     const dir = tmpDir(scope, "callplane-bench-k8s-");
-    writeFileSync(join(dir, "webhook.crt"), cert.certPem);
-    writeFileSync(join(dir, "webhook.key"), cert.keyPem);
-    const hook = createAdmissionWebhook({
-      listen: { host: "127.0.0.1", port: 0 },
-      tls: { certFile: join(dir, "webhook.crt"), keyFile: join(dir, "webhook.key") },
-      agentUsername: AGENT_USERNAME,
-    });
-    const hookUrl = await hook.listen();
-    scope.after(() => hook.destroy());
-    const setup = await applyRenderedSetup(k, { webhook: { url: hookUrl.origin, caPem: pki.ca.certPem } });
 
     // the baseline: N bare pods, straight to the API server, 16 at a time
     await k.createNamespace("bench-baseline");

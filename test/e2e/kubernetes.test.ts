@@ -15,20 +15,18 @@
 // binding and Secrets.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import type { IPod } from "kubernetes-models/v1";
 import { kubePaths, type KubeObject } from "../../src/lib/kube/index.js";
-import { createAdmissionWebhook } from "../../src/services/admission-webhook/service.js";
 import { call, waitFor } from "../testkit/client.js";
 import { GRPC_FUNCTION, echoMessage, grpcClient, meta, unary } from "../testkit/grpc.js";
 import { distRoot, repoRoot, startApi, startNats, tmpDir } from "../testkit/index.js";
 import { startKubeApiServer } from "../testkit/kube-apiserver.js";
-import { AGENT_USERNAME, WORKERS_NS, applyRenderedSetup } from "../testkit/kube-setup.js";
+import { WORKERS_NS, applyRenderedSetup, startTestWebhook } from "../testkit/kube-setup.js";
 import { reverseScope, scripts, startService } from "../testkit/processes.js";
 import { startTestKubelet, type ContainerContext } from "../testkit/test-kubelet.js";
-import { testPki } from "../testkit/tls.js";
 
 const CLUSTER = "e2e";
 const INSTANCE_TYPE = { name: "a100.x1", gpu: "A100", gpuCount: 1 };
@@ -61,20 +59,10 @@ test(
     const scope = reverseScope(t);
     const k = await startKubeApiServer(scope);
 
-    // the admission webhook, on loopback, with a certificate from its own test CA
-    const pki = await testPki();
-    const cert = await pki.issue(["127.0.0.1"]);
+    // the admission webhook in this process, registered as rendered
+    const webhook = await startTestWebhook(scope);
+    const setup = await applyRenderedSetup(k, { webhook });
     const dir = tmpDir(scope, "callplane-k8s-e2e-");
-    writeFileSync(join(dir, "webhook.crt"), cert.certPem);
-    writeFileSync(join(dir, "webhook.key"), cert.keyPem);
-    const hook = createAdmissionWebhook({
-      listen: { host: "127.0.0.1", port: 0 },
-      tls: { certFile: join(dir, "webhook.crt"), keyFile: join(dir, "webhook.key") },
-      agentUsername: AGENT_USERNAME,
-    });
-    const hookUrl = await hook.listen();
-    scope.after(() => hook.destroy());
-    const setup = await applyRenderedSetup(k, { webhook: { url: hookUrl.origin, caPem: pki.ca.certPem } });
 
     const kubelet = await startTestKubelet(scope, {
       client: k.node,

@@ -5,18 +5,57 @@
 // (the API server here reaches no Service) with that webhook's CA as caBundle (what cert-manager
 // would inject). Then a token for the agent's own account, written to a file as a projected token
 // would be: the agent runs with exactly the rendered permissions.
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
+import type { TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { renderFile } from "../../src/deploy/index.js";
 import { KubeError, kubePaths, type KubeObject } from "../../src/lib/kube/index.js";
+import {
+  createAdmissionWebhook,
+  type AdmissionWebhook,
+} from "../../src/services/admission-webhook/service.js";
 import type { KubeApiServer } from "./kube-apiserver.js";
 import { repoRoot } from "./paths.js";
+import { tmpDir } from "./scope.js";
+import { testPki } from "./tls.js";
 
 /** examples/kubernetes.yaml's namespaces: the control plane's and the workers'. */
 export const CONTROL_NS = "nvcf";
 export const WORKERS_NS = "callplane-workers";
 export const AGENT_ACCOUNT = "compute-agent";
 export const AGENT_USERNAME = `system:serviceaccount:${CONTROL_NS}:${AGENT_ACCOUNT}`;
+
+export interface TestWebhook {
+  hook: AdmissionWebhook;
+  /** https://127.0.0.1:<port> */
+  url: URL;
+  /** The CA of its certificate (what cert-manager would inject as the registration's caBundle). */
+  caPem: string;
+}
+
+/**
+ * The admission webhook in this process, on loopback, with a certificate for 127.0.0.1 and
+ * localhost from a CA of its own; destroyed when the test ends.
+ */
+export async function startTestWebhook(
+  t: Pick<TestContext, "after">,
+  agentUsername = AGENT_USERNAME,
+): Promise<TestWebhook> {
+  const pki = await testPki();
+  const cert = await pki.issue(["localhost", "127.0.0.1"]);
+  const dir = tmpDir(t, "callplane-webhook-");
+  writeFileSync(join(dir, "tls.crt"), cert.certPem);
+  writeFileSync(join(dir, "tls.key"), cert.keyPem);
+  const hook = createAdmissionWebhook({
+    listen: { host: "127.0.0.1", port: 0 },
+    tls: { certFile: join(dir, "tls.crt"), keyFile: join(dir, "tls.key") },
+    agentUsername,
+  });
+  const url = await hook.listen();
+  t.after(() => hook.destroy());
+  return { hook, url, caPem: pki.ca.certPem };
+}
 
 export interface RenderedSetup {
   /** A file holding a token of the agent's account (an hour), for compute.kubernetes.tokenFile. */
@@ -26,7 +65,7 @@ export interface RenderedSetup {
 
 export async function applyRenderedSetup(
   k: KubeApiServer,
-  opts: { webhook?: { url: string; caPem: string } } = {},
+  opts: { webhook?: TestWebhook } = {},
 ): Promise<RenderedSetup> {
   const rendered = renderFile(join(repoRoot, "examples", "kubernetes.yaml"), { version: "0.0.0-test" });
   const objects = rendered.files.flatMap((f) => f.objects.map((o) => o.toJSON() as KubeObject));
@@ -49,7 +88,7 @@ export async function applyRenderedSetup(
     >;
     for (const w of registration.webhooks)
       w.clientConfig = {
-        url: `${opts.webhook.url}/validate`,
+        url: `${opts.webhook.url.origin}/validate`,
         caBundle: Buffer.from(opts.webhook.caPem).toString("base64"),
       };
     setup.push(registration);

@@ -3,7 +3,6 @@
 // HTTPS server in-process: an answer the API server can read, and a clear 400 for what is not a
 // review; and the rendered registration, which must send the webhook every kind it checks.
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
 import { request as httpsRequest } from "node:https";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
@@ -19,8 +18,8 @@ import { MAX_REVIEW_BYTES, createAdmissionWebhook } from "../../src/services/adm
 import { POD_BEARING_RESOURCES } from "../../src/deploy/render/admission-webhook.js";
 import { COMPUTE_AGENT_CLUSTER_RULES, COMPUTE_AGENT_RULES } from "../../src/deploy/render/compute.js";
 import { renderFile } from "../../src/deploy/index.js";
-import { repoRoot, tmpDir } from "../testkit/index.js";
-import { testPki } from "../testkit/tls.js";
+import { repoRoot } from "../testkit/index.js";
+import { startTestWebhook } from "../testkit/kube-setup.js";
 
 const AGENT = "system:serviceaccount:nvcf:compute-agent";
 const policy = { agentUsername: AGENT };
@@ -360,18 +359,7 @@ interface Answer {
 }
 
 async function startWebhook(t: TestContext) {
-  const pki = await testPki();
-  const cert = await pki.issue(["localhost", "127.0.0.1"]);
-  const dir = tmpDir(t, "callplane-webhook-");
-  writeFileSync(join(dir, "tls.crt"), cert.certPem);
-  writeFileSync(join(dir, "tls.key"), cert.keyPem);
-  const hook = createAdmissionWebhook({
-    listen: { host: "127.0.0.1", port: 0 },
-    tls: { certFile: join(dir, "tls.crt"), keyFile: join(dir, "tls.key") },
-    agentUsername: AGENT,
-  });
-  const url = await hook.listen();
-  t.after(() => hook.destroy());
+  const { hook, url, caPem } = await startTestWebhook(t, AGENT);
   const send = (
     method: string,
     path: string,
@@ -385,7 +373,7 @@ async function startWebhook(t: TestContext) {
           port: url.port,
           path,
           method,
-          ca: pki.ca.certPem,
+          ca: caPem,
           servername: "localhost",
           headers,
         },

@@ -10,7 +10,6 @@
 // other namespaces are not reviewed; with no webhook answering, the workers' namespace takes no pod
 // (failure policy Fail).
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -22,10 +21,9 @@ import {
   type KubeClient,
   type KubeObject,
 } from "../../../src/lib/kube/index.js";
-import { createAdmissionWebhook } from "../../../src/services/admission-webhook/service.js";
 import { startKubeApiServer } from "../../testkit/kube-apiserver.js";
-import { repoRoot, tmpDir } from "../../testkit/index.js";
-import { testPki } from "../../testkit/tls.js";
+import { repoRoot } from "../../testkit/index.js";
+import { startTestWebhook } from "../../testkit/kube-setup.js";
 
 // examples/kubernetes.yaml: control plane in nvcf, workers in callplane-workers
 const NS = "nvcf";
@@ -158,22 +156,7 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
   const k = await startKubeApiServer(t);
 
   // the webhook, on loopback, with a certificate for 127.0.0.1 from its own test CA
-  const pki = await testPki();
-  const cert = await pki.issue(["127.0.0.1"]);
-  const dir = tmpDir(t, "callplane-webhook-");
-  writeFileSync(join(dir, "tls.crt"), cert.certPem);
-  writeFileSync(join(dir, "tls.key"), cert.keyPem);
-  const hook = createAdmissionWebhook({
-    listen: { host: "127.0.0.1", port: 0 },
-    tls: { certFile: join(dir, "tls.crt"), keyFile: join(dir, "tls.key") },
-    agentUsername: AGENT,
-  });
-  const url = await hook.listen();
-  let hookUp = true;
-  t.after(() => {
-    if (hookUp) hook.destroy();
-  });
-
+  const { hook, url, caPem } = await startTestWebhook(t, AGENT);
   // what render writes, as render writes it (the registration's address and CA aside)
   const rendered = renderFile(join(repoRoot, "examples", "kubernetes.yaml"), { version: "0.0.0-test" });
   const objects = rendered.files.flatMap((f) => f.objects.map((o) => o.toJSON() as KubeObject));
@@ -187,7 +170,7 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
   >;
   registration.webhooks[0].clientConfig = {
     url: `${url.origin}/validate`,
-    caBundle: Buffer.from(pki.ca.certPem).toString("base64"),
+    caBundle: Buffer.from(caPem).toString("base64"),
   };
   const setup = [
     ...pick("Namespace"),
@@ -358,7 +341,6 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
     "with no webhook answering, the workers' namespace takes no pod (failure policy Fail); others still do",
     async () => {
       hook.destroy();
-      hookUp = false;
       const err = await refusal(
         k.admin.create(
           kubePaths.pods(WORKERS),
