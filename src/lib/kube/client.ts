@@ -81,6 +81,12 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** Milliseconds to wait for the answer's headers (default 30 s; a watch sets its own). */
   timeoutMs?: number;
+  /**
+   * Milliseconds the body may go silent (default 60 s): a connection that died half-open (a load
+   * balancer dropped it) fails then instead of stalling the caller until TCP gives up. A watch sets
+   * its own, past the server's own end of the watch.
+   */
+  bodyTimeoutMs?: number;
 }
 
 export class KubeClient {
@@ -96,8 +102,6 @@ export class KubeClient {
     this.dispatcher = new Agent({
       connect: { ca: conn.caPem },
       connections: opts.connections ?? 16,
-      // a watch stays open for minutes with nothing on it
-      bodyTimeout: 0,
       keepAliveTimeout: 30_000,
     });
   }
@@ -145,6 +149,7 @@ export class KubeClient {
       ...(o.body !== undefined ? { body: JSON.stringify(o.body) } : {}),
       ...(o.signal ? { signal: o.signal } : {}),
       headersTimeout: o.timeoutMs ?? 30_000,
+      bodyTimeout: o.bodyTimeoutMs ?? 60_000,
     });
   }
 

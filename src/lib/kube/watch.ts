@@ -58,6 +58,9 @@ export function watchCollection<T extends KubeObject>(
       },
       signal: ac.signal,
       timeoutMs: 60_000,
+      // bookmarks come about every minute and the server ends the watch at timeoutSeconds: a watch
+      // silent for longer than that is a dead connection, retried from the last version
+      bodyTimeoutMs: ((opts.timeoutSeconds ?? 300) + 60) * 1000,
     });
     if (res.statusCode >= 300) {
       const text = await res.body.text();
@@ -68,8 +71,10 @@ export function watchCollection<T extends KubeObject>(
       );
     }
     let rest = "";
+    // one decoder for the whole stream: a character split across two chunks is joined, not mangled
+    const decoder = new TextDecoder("utf-8");
     for await (const chunk of res.body) {
-      rest += (chunk as Buffer).toString("utf8");
+      rest += decoder.decode(chunk as Buffer, { stream: true });
       let nl: number;
       while ((nl = rest.indexOf("\n")) >= 0) {
         const line = rest.slice(0, nl);

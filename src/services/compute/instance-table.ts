@@ -90,8 +90,12 @@ export class InstanceTable<I extends ComputeInstance> {
     for (const i of this.inUse()) i.killNow();
   }
 
-  /** What the next report says: every instance, and the terminated ones once. */
+  /**
+   * What the next report says: every instance, the ones still stopping (a draining worker keeps its
+   * row and its identity until it is gone: a report without it would revoke it mid-drain), and the
+   * terminated ones once.
+   */
   takeSnapshot(): I[] {
-    return [...this.all(), ...this.terminated.splice(0)];
+    return [...this.all(), ...this.stopping, ...this.terminated.splice(0)];
   }
 }
