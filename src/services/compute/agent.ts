@@ -153,6 +153,7 @@ function runAgent<I extends ComputeInstance>(
     instances,
     reporter,
     syncIntervalMs: opts.syncIntervalMs,
+    clusterId,
     logger,
   });
   const instanceTypes = new InstanceTypeRegistration({
@@ -183,8 +184,9 @@ function runAgent<I extends ComputeInstance>(
     },
     instances: () => instances.all(),
     async close(graceMs = 10_000) {
-      await reconciler.stop();
-      // pods run on without the agent: its next start adopts them
+      // pods run on without the agent: its next start adopts them, and finishes the stops under way
+      // (a pod deleted already goes after its own grace; the agent does not wait for it)
+      await reconciler.stop({ stops: !backend.outlivesAgent });
       if (!backend.outlivesAgent) await instances.stopAll();
       await backend.dispose();
       await instanceTypes.close();

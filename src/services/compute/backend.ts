@@ -71,6 +71,8 @@ export interface ComputeBackend<I extends ComputeInstance = ComputeInstance> {
    * is their status callback.
    */
   prepare(onChange: () => void): Promise<I[]>;
+  /** Whether it offers the instance type a deployment's spec names (now). */
+  offers(gpu: string, instanceType: string): boolean;
   /** Hands the instance types this backend offers to `publish`, now and whenever they change. */
   offerInstanceTypes(publish: (types: readonly InstanceTypeOffer[]) => void): void;
   /** After the last instance (or when the agent closes): removes or stops what the backend keeps beside its instances. */

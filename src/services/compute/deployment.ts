@@ -30,6 +30,8 @@ export interface DesiredDeployment {
     gpu: string;
     instanceType: string;
     backend?: string;
+    /** The clusters (by id) it may run on; absent or empty: any that offers its instance type. */
+    clusters?: string[];
     minInstances: number;
     maxInstances: number;
     maxRequestConcurrency: number;

@@ -73,6 +73,10 @@ export class LocalBackend implements ComputeBackend<LocalInstance> {
     return defaultInstanceCount(spec);
   }
 
+  offers(gpu: string, instanceType: string): boolean {
+    return gpu === LOCAL_INSTANCE_TYPE.gpu && instanceType === LOCAL_INSTANCE_TYPE.name;
+  }
+
   /** One type, a CPU instance on this machine. */
   offerInstanceTypes(publish: (types: readonly InstanceTypeOffer[]) => void): void {
     publish([LOCAL_INSTANCE_TYPE]);

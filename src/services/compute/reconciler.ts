@@ -6,6 +6,7 @@
 import type { Logger } from "../../lib/log.js";
 import type { ComputeApiClient } from "./api-client.js";
 import type { ComputeBackend, ComputeInstance } from "./backend.js";
+import type { DesiredDeployment } from "./deployment.js";
 import type { InstanceTable } from "./instance-table.js";
 import type { StatusReporter } from "./status-report.js";
 
@@ -15,6 +16,8 @@ export interface ReconcilerDeps<I extends ComputeInstance> {
   instances: InstanceTable<I>;
   reporter: StatusReporter<I>;
   syncIntervalMs: number;
+  /** compute.workerIdentity.clusterId: a deployment whose spec names clusters runs only on those. */
+  clusterId: string;
   logger: Logger;
 }
 
@@ -26,6 +29,8 @@ export class Reconciler<I extends ComputeInstance> {
   private stopped = false;
   /** An instance ended during a sync: sync again right after it. */
   private again = false;
+  /** The deployments this agent does not run (another cluster's), each logged once. */
+  private readonly skipped = new Set<string>();
 
   constructor(private readonly deps: ReconcilerDeps<I>) {}
 
@@ -40,11 +45,15 @@ export class Reconciler<I extends ComputeInstance> {
     if (this.timer) clearTimeout(this.timer);
   }
 
-  /** Halts, and waits for the sync under way and the instances it was stopping. */
-  async stop(): Promise<void> {
+  /**
+   * Halts, and waits for the sync under way and (unless `stops` is false) the instances it was
+   * stopping. Pods outlive the agent: their stops are not waited for (their own grace applies, and
+   * the next start adopts or finishes what is left).
+   */
+  async stop(opts: { stops?: boolean } = {}): Promise<void> {
     this.halt();
     await this.syncing;
-    await this.deps.instances.settled();
+    if (opts.stops !== false) await this.deps.instances.settled();
   }
 
   /** An instance's status changed (the backend calls this). */
@@ -70,6 +79,13 @@ export class Reconciler<I extends ComputeInstance> {
 
   private tick(): void {
     if (this.stopped) return;
+    // one sync at a time: a tick during one runs again right after it
+    if (this.syncing) {
+      this.again = true;
+      return;
+    }
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
     this.syncing = this.sync()
       .catch((err: unknown) => {
         this.lastSyncOk = false;
@@ -88,10 +104,38 @@ export class Reconciler<I extends ComputeInstance> {
       });
   }
 
+  /**
+   * Whether this agent runs the deployment: its first spec names this cluster (or no cluster) and
+   * a (gpu, instanceType) this backend offers. Another cluster's deployment is skipped (logged once,
+   * not reported); instances of it this agent has are stopped, as for an undeployed one.
+   */
+  private runsHere(d: DesiredDeployment): boolean {
+    const { backend, clusterId, logger } = this.deps;
+    const spec = d.specs[0];
+    let why: string | undefined;
+    if (!spec) why = "it has no deployment specification";
+    else if (spec.clusters?.length && !spec.clusters.includes(clusterId))
+      why = `it names clusters ${spec.clusters.join(", ")}, not this one (${clusterId})`;
+    else if (!backend.offers(spec.gpu, spec.instanceType))
+      why = `this cluster (${clusterId}) does not offer instance type ${spec.instanceType} with gpu ${spec.gpu}`;
+    if (!why) {
+      this.skipped.delete(d.deploymentId);
+      return true;
+    }
+    if (!this.skipped.has(d.deploymentId)) {
+      this.skipped.add(d.deploymentId);
+      logger.info(
+        { deploymentId: d.deploymentId, function: d.name, clusterId, reason: why },
+        "deployment skipped: it is another cluster's",
+      );
+    }
+    return false;
+  }
+
   async sync(): Promise<void> {
     const { api, backend, instances, logger } = this.deps;
     const desired = await api.desiredState();
-    const deployments = desired.deployments;
+    const deployments = desired.deployments.filter((d) => this.runsHere(d));
     // instances started from now on get what the API says now (a mode switch reaches new workers
     // only; running ones keep what they started with)
     backend.setWorkerNatsEnv(desired.workerNatsEnv ?? {});

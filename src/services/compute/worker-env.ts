@@ -22,6 +22,17 @@ export type WorkerSettings = Pick<
 >;
 
 /**
+ * The port the worker's health server listens on: 8080, unless the function's inference or health
+ * port is 8080 (they share the address: a pod's IP, or a local instance's), then 8081, and so on.
+ */
+export function workerHealthPort(d: DesiredDeployment): number {
+  const taken = new Set([d.spec.inferencePort, d.spec.health.port]);
+  let port = 8080;
+  while (taken.has(port)) port++;
+  return port;
+}
+
+/**
  * The worker's variables, without the addresses (INFERENCE_HOST, HEALTH_HOST) and the NATS
  * credential (NKEY_SEED or NVCF_NATS_ACCOUNT), which each backend sets its own way.
  */
@@ -51,7 +62,7 @@ export function workerEnvironment(
     NVCF_TOKEN_FILE_PATH: at.tokenFile,
     NVCF_IDENTITY_SOURCE: at.identitySource,
     NVCF_NATS_CA_PEM: env.natsCaPem,
-    HEALTH_PORT: "8080",
+    HEALTH_PORT: String(workerHealthPort(d)),
     BASE_RESPONSE_DIR: at.responsesDir,
     NVCF_REGION: env.region,
     NVCF_SERVICE_DOMAIN: env.serviceDomain,

@@ -933,6 +933,211 @@ test("the kubernetes backend: pods with their own identity, on a real API server
     },
   );
 
+  await t.test(
+    "a pod delete the API refuses is retried: the instance is TERMINATED only once its pod is deleted",
+    async () => {
+      const f = await call<{ function: { id: string; versionId: string } }>(`${api.url}/v2/nvcf/functions`, {
+        token: admin,
+        body: sampleFunction("refused-delete", { containerImage: "nvcr.io/example/echo:1.0" }),
+      });
+      const { id, versionId } = f.body.function;
+      const path = `${api.url}/v2/nvcf/deployments/functions/${id}/versions/${versionId}`;
+      assert.equal((await call(path, { token: admin, body: deploymentOf(1, CPU) })).status, 200);
+      const inst = await waitFor("its pod", async () => {
+        const i = mine(versionId)[0];
+        return i && (await listOf(kube, kubePaths.pods(NS))).some((p) => p.metadata?.name === i.podName) && i;
+      });
+      // the agent's Role without delete on pods
+      const noDelete = AGENT_RULES.map((r) =>
+        r.resources.includes("pods") ? { ...r, verbs: r.verbs.filter((v) => v !== "delete") } : r,
+      );
+      await kube.admin.patch(kubePaths.roles(NS, "compute-agent"), { rules: noDelete }, "merge");
+      const rec = recordPods(kube, ctx);
+      await rec.synced;
+      assert.equal((await call(path, { method: "DELETE", token: admin })).status, 200);
+      const refused = (l: Record<string, unknown>) =>
+        l.msg ===
+          "could not delete the pod; retrying (the instance stays tracked until its pod is deleted)" &&
+        l.pod === inst.podName;
+      await waitFor("two refused deletes", () => logs.lines.filter(refused).length >= 2);
+      assert.match(String(logs.lines.find(refused)?.err), /403 Forbidden/);
+      assert.notEqual(inst.status, "TERMINATED", "not TERMINATED while its pod runs");
+      assert.ok(
+        (await listOf(kube, kubePaths.pods(NS))).some((p) => p.metadata?.name === inst.podName),
+        "the pod is still there",
+      );
+      assert.ok(
+        !(await reported(versionId)).some(
+          (r) => r.instanceId === inst.instanceId && r.status === "TERMINATED",
+        ),
+        "not reported TERMINATED",
+      );
+      assert.ok(idsOf((await everything(kube)).sas).has(inst.instanceId), "its identity is kept meanwhile");
+      await kube.admin.patch(kubePaths.roles(NS, "compute-agent"), { rules: AGENT_RULES }, "merge");
+      await waitFor("the pod deleted once allowed", () =>
+        rec.events.some((e) => e.type === "DELETED" && e.name === inst.podName),
+      );
+      await waitFor("TERMINATED after", () => inst.status === "TERMINATED");
+      await waitFor("reported TERMINATED", async () =>
+        (await reported(versionId)).some(
+          (r) => r.instanceId === inst.instanceId && r.status === "TERMINATED",
+        ),
+      );
+      await waitFor("nothing of it left", async () => {
+        const all = await everything(kube);
+        return Object.values(all).every((l) => !idsOf(l).has(inst.instanceId));
+      });
+      rec.stop();
+    },
+  );
+
+  await t.test("a pod of this cluster's labels that no instance has (made by hand) is deleted", async () => {
+    const rec = recordPods(kube, ctx);
+    await rec.synced;
+    const stray = randomUUID();
+    await kube.admin.create(kubePaths.serviceAccounts(NS), {
+      apiVersion: "v1",
+      kind: "ServiceAccount",
+      metadata: { name: "stray", namespace: NS },
+    });
+    await kube.admin.create(kubePaths.pods(NS), {
+      apiVersion: "v1",
+      kind: "Pod",
+      metadata: {
+        name: `cp-${stray}`,
+        namespace: NS,
+        labels: {
+          "app.kubernetes.io/managed-by": "callplane-compute",
+          "callplane.io/cluster": CLUSTER,
+          "callplane.io/instance-id": stray,
+        },
+      },
+      spec: {
+        serviceAccountName: "stray",
+        automountServiceAccountToken: false,
+        containers: [{ name: "inference", image: "nvcr.io/example/echo:1.0" }],
+      },
+    });
+    await waitFor("the stray pod deleted", () =>
+      rec.events.some((e) => e.type === "DELETED" && e.name === `cp-${stray}`),
+    );
+    assert.ok(
+      logs.lines.some(
+        (l) =>
+          l.msg === "deleted a pod of this cluster's labels that no instance of the agent's has" &&
+          l.pod === `cp-${stray}`,
+      ),
+    );
+    assert.ok(!agent.instances().some((i) => i.instanceId === stray), "not adopted");
+    await kube.admin.delete(kubePaths.serviceAccounts(NS, "stray"));
+    rec.stop();
+  });
+
+  await t.test(
+    "a deployment of another cluster (its type, or its clusters) is skipped: no pod, no report, logged once",
+    async () => {
+      // another cluster registers its types, as the compute service
+      const put = await call(`${api.url}/v1/internal/clusters/c2/instance-types`, {
+        method: "PUT",
+        token: api.serviceToken("compute"),
+        body: {
+          backend: "kubernetes",
+          instanceTypes: [
+            { name: "h100.x8", gpu: "H100", gpuCount: 8 },
+            { name: "a100.x2", gpu: "A100", gpuCount: 2 },
+          ],
+        },
+      });
+      assert.equal(put.status, 204, put.text);
+      const make = async (name: string, body: Record<string, unknown>) => {
+        const f = await call<{ function: { id: string; versionId: string } }>(
+          `${api.url}/v2/nvcf/functions`,
+          { token: admin, body: sampleFunction(name, { containerImage: "nvcr.io/example/echo:1.0" }) },
+        );
+        const { id, versionId } = f.body.function;
+        const path = `${api.url}/v2/nvcf/deployments/functions/${id}/versions/${versionId}`;
+        const r = await call<{ deployment: { id?: string; deploymentId?: string } }>(path, {
+          token: admin,
+          body,
+        });
+        assert.equal(r.status, 200, r.text);
+        return { path, versionId, functionId: id };
+      };
+      const h100 = await make("elsewhere-type", deploymentOf(1, { name: "h100.x8", gpu: "H100" }));
+      const onC2 = await make("elsewhere-cluster", {
+        deploymentSpecifications: [{ ...deploymentOf(1).deploymentSpecifications[0], clusters: ["c2"] }],
+      });
+      const skipped = (fid: string) =>
+        logs.lines.filter(
+          (l) => l.msg === "deployment skipped: it is another cluster's" && l.function === fid,
+        );
+      await waitFor(
+        "both skipped",
+        () => skipped("elsewhere-type").length > 0 && skipped("elsewhere-cluster").length > 0,
+      );
+      assert.match(
+        String(skipped("elsewhere-type")[0].reason),
+        /does not offer instance type h100\.x8 with gpu H100/,
+      );
+      assert.match(String(skipped("elsewhere-cluster")[0].reason), /names clusters c2, not this one \(c1\)/);
+      // a few syncs later: still no pod, no instance, nothing reported, one log line each
+      await sleep(1200);
+      for (const d of [h100, onC2]) {
+        assert.equal(mine(d.versionId).length, 0);
+        assert.deepEqual(await reported(d.versionId), []);
+        assert.ok(
+          !(await kube.admin.list(kubePaths.pods(NS))).items.some(
+            (p) => p.metadata?.labels?.["function-id"] === d.functionId,
+          ),
+          "no pod here",
+        );
+      }
+      assert.equal(skipped("elsewhere-type").length, 1);
+      assert.equal(skipped("elsewhere-cluster").length, 1);
+      for (const d of [h100, onC2])
+        assert.equal((await call(d.path, { method: "DELETE", token: admin })).status, 200);
+    },
+  );
+
+  await t.test(
+    "a function on port 8080 gets a worker health port that is not 8080; quoted containerArgs stay one argument",
+    async () => {
+      const f = await call<{ function: { id: string; versionId: string } }>(`${api.url}/v2/nvcf/functions`, {
+        token: admin,
+        body: sampleFunction("on-8080", {
+          containerImage: "nvcr.io/example/echo:1.0",
+          inferencePort: 8080,
+          health: { protocol: "HTTP", uri: "/health", port: 8081, timeout: "PT10S", expectedStatusCode: 200 },
+          containerArgs: `--greeting "hello world" 'it''s' a\\ b "q\\"uote" '$HOME' ""`,
+        }),
+      });
+      assert.equal(f.status, 200, f.text);
+      const { id, versionId } = f.body.function;
+      const path = `${api.url}/v2/nvcf/deployments/functions/${id}/versions/${versionId}`;
+      assert.equal((await call(path, { token: admin, body: deploymentOf(1, CPU) })).status, 200);
+      const pod = (await waitFor("its pod", async () =>
+        (await kube.admin.list(kubePaths.pods(NS))).items.find(
+          (p) => p.metadata?.labels?.["function-id"] === id,
+        ),
+      )) as IPod & KubeObject;
+      const worker = pod.spec!.containers.find((c) => c.name === "worker")!;
+      const inference = pod.spec!.containers.find((c) => c.name === "inference")!;
+      const healthPort = worker.env?.find((e) => e.name === "HEALTH_PORT")?.value;
+      assert.equal(healthPort, "8082", "neither the inference port (8080) nor the health port (8081)");
+      assert.equal(worker.readinessProbe?.httpGet?.port, 8082);
+      assert.equal(worker.livenessProbe?.httpGet?.port, 8082);
+      assert.deepEqual(inference.args, ["--greeting", "hello world", "its", "a b", 'q"uote', "$$HOME", ""]);
+      assert.equal((await call(path, { method: "DELETE", token: admin })).status, 200);
+      await waitFor(
+        "its pod gone",
+        async () =>
+          !(await kube.admin.list(kubePaths.pods(NS))).items.some(
+            (p) => p.metadata?.labels?.["function-id"] === id,
+          ),
+      );
+    },
+  );
+
   await t.test("a deployment deleted: its pods and identity objects are gone", async () => {
     const del = await call(depPath, { method: "DELETE", token: admin });
     assert.equal(del.status, 200, del.text);

@@ -56,6 +56,10 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
   private watch: CollectionWatch | undefined;
   private publish: ((types: readonly InstanceTypeOffer[]) => void) | undefined;
   private offered: readonly InstanceTypeOffer[] | undefined;
+  /** Adoption is done: from now on a managed pod of an id it does not track is a stray. */
+  private adopted = false;
+  /** The stray pods being deleted (by name). */
+  private readonly straysDeleting = new Set<string>();
 
   constructor(private readonly opts: KubernetesBackendOptions) {
     this.types = new ClusterInstanceTypes(opts.client, opts.instanceTypes, opts.logger);
@@ -96,6 +100,10 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
   /** The instance types it offers now (configured, or found on the nodes). */
   get instanceTypes(): readonly ClusterInstanceType[] {
     return this.types.current;
+  }
+
+  offers(gpu: string, instanceType: string): boolean {
+    return this.types.resolve(gpu, instanceType) !== undefined;
   }
 
   offerInstanceTypes(publish: (types: readonly InstanceTypeOffer[]) => void): void {
@@ -141,7 +149,9 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
         },
         onEvent: (type, pod) => {
           const id = pod.metadata?.labels?.[LABELS.instanceId];
-          if (id) this.byId.get(id)?.observe(type, pod);
+          const inst = id ? this.byId.get(id) : undefined;
+          if (inst) inst.observe(type, pod);
+          else if (type === "ADDED") this.deleteStrays([pod]);
         },
         onError: (err) => {
           if (!listed.error(err)) logger.warn({ err: err.message }, "watching the pods failed; retrying");
@@ -157,6 +167,7 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
       throw err;
     }
     adopting = false;
+    this.adopted = true;
     if (adopted.length)
       logger.info(
         { pods: adopted.map((i) => i.podName) },
@@ -228,6 +239,7 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
    * missed its DELETED event; a GET says whether it is really gone.
    */
   private async relisted(items: readonly KubePod[]): Promise<void> {
+    this.deleteStrays(items);
     const present = new Map(items.map((p) => [p.metadata.labels?.[LABELS.instanceId] ?? "", p]));
     for (const [id, inst] of this.byId) {
       const pod = present.get(id);
@@ -246,6 +258,43 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
             "could not check whether a pod missing from a re-list still exists",
           );
       }
+    }
+  }
+
+  /**
+   * Deletes the pods (of this agent's labels) whose instance id it does not track: a create that
+   * landed after its undo's delete, or one made by hand. Every instance it provisions or stops is
+   * tracked by its id until its pod is deleted, so an untracked id is no instance's. Before
+   * adoption is done every pod is an instance to adopt; a delete that fails is retried at the next
+   * re-list or event.
+   */
+  private deleteStrays(pods: readonly KubePod[]): void {
+    if (!this.adopted) return;
+    const { client, namespace, terminationGraceSeconds, logger } = this.opts;
+    for (const pod of pods) {
+      const id = pod.metadata?.labels?.[LABELS.instanceId];
+      const name = pod.metadata?.name;
+      if (!name || (id && this.byId.has(id)) || this.straysDeleting.has(name)) continue;
+      if (pod.metadata.deletionTimestamp) continue;
+      this.straysDeleting.add(name);
+      client
+        .delete(kubePaths.pods(namespace, name), {
+          gracePeriodSeconds: terminationGraceSeconds,
+          preconditionUid: pod.metadata.uid,
+        })
+        .then(
+          () =>
+            logger.warn(
+              { pod: name, instanceId: id },
+              "deleted a pod of this cluster's labels that no instance of the agent's has",
+            ),
+          (err: unknown) =>
+            logger.warn(
+              { pod: name, instanceId: id, err: (err as Error).message },
+              "could not delete a pod of this cluster's labels that no instance of the agent's has; retrying at the next re-list",
+            ),
+        )
+        .finally(() => this.straysDeleting.delete(name));
     }
   }
 

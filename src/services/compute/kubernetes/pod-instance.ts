@@ -8,7 +8,7 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { IPod } from "kubernetes-models/v1";
 import type { InstanceStatus } from "../../../lib/instance-status.js";
-import { isNotFound, kubePaths, type KubeClient } from "../../../lib/kube/index.js";
+import { isConflict, isNotFound, kubePaths, type KubeClient } from "../../../lib/kube/index.js";
 import type { Logger } from "../../../lib/log.js";
 import type { ComputeApiClient } from "../api-client.js";
 import type { ComputeInstance, WorkerAuth } from "../backend.js";
@@ -101,6 +101,8 @@ export class PodInstance implements ComputeInstance {
   private gone = false;
   private onGone: (() => void) | undefined;
   private readonly starting = new AbortController();
+  /** The agent closes: a stop under way gives up (the pod stays; the next start adopts it). */
+  private readonly releasing = new AbortController();
   private provisioning: Promise<void> | undefined;
   private stopping: Promise<void> | undefined;
   private recheck: NodeJS.Timeout | undefined;
@@ -389,37 +391,35 @@ export class PodInstance implements ComputeInstance {
     if (this.recheck) clearTimeout(this.recheck);
     await this.provisioning;
     await this.refreshing;
+    const released = this.releasing.signal;
     if (this.podUid && !this.gone) {
       const grace = ctx.terminationGraceSeconds;
       const gone = new Promise<void>((r) => (this.onGone = r));
       const path = kubePaths.pods(ctx.namespace, this.podName);
-      try {
-        await ctx.client.delete(path, { gracePeriodSeconds: grace, tolerateMissing: false });
-        ctx.logger.info(
-          { instanceId: this.id, pod: this.podName, function: this.deployment.name, graceSeconds: grace },
-          "pod deleted",
+      // Until the API server says the pod is deleting (or gone), nothing else happens: an identity
+      // purged and an instance reported TERMINATED while its pod runs on would leave it untracked.
+      if (!(await this.deletePod(path, grace))) return;
+      const bound = grace * 1000 + ctx.deleteWaitMs;
+      const timer = new AbortController();
+      const closed = new Promise<void>((r) => released.addEventListener("abort", () => r(), { once: true }));
+      await Promise.race([
+        gone,
+        closed,
+        sleep(bound, undefined, { signal: timer.signal }).catch(() => undefined),
+      ]);
+      timer.abort();
+      // the agent closes: the pod goes with its grace, its identity with it (owner references)
+      if (released.aborted && !this.gone) return;
+      if (!this.gone) {
+        // the watch may have missed it: ask once
+        const still = await ctx.client.get(path).then(
+          () => true,
+          (err: unknown) => !isNotFound(err),
         );
-        const bound = grace * 1000 + ctx.deleteWaitMs;
-        const timer = new AbortController();
-        await Promise.race([gone, sleep(bound, undefined, { signal: timer.signal }).catch(() => undefined)]);
-        timer.abort();
-        if (!this.gone) {
-          // the watch may have missed it: ask once
-          const still = await ctx.client.get(path).then(
-            () => true,
-            (err: unknown) => !isNotFound(err),
-          );
-          if (still)
-            ctx.logger.warn(
-              { instanceId: this.id, pod: this.podName, waitedMs: bound },
-              "the pod is still terminating; purging its identity all the same",
-            );
-        }
-      } catch (err) {
-        if (!isNotFound(err))
+        if (still)
           ctx.logger.warn(
-            { instanceId: this.id, pod: this.podName, err: (err as Error).message },
-            "could not delete the pod; purging its identity all the same (its node's kubelet may keep it running until then)",
+            { instanceId: this.id, pod: this.podName, waitedMs: bound },
+            "the pod is still terminating; purging its identity all the same",
           );
       }
       this.gone = true;
@@ -436,6 +436,51 @@ export class PodInstance implements ComputeInstance {
     }
     this.set("TERMINATED", this.endedMessage);
     ctx.untrack(this.id, this);
+  }
+
+  /**
+   * Deletes the pod with its grace, retried with backoff (ctx.restart) until the API server takes
+   * the delete or answers NotFound, or the pod is seen gone. Answers false when the agent closed
+   * first (the pod is left to its next start).
+   */
+  private async deletePod(path: string, grace: number): Promise<boolean> {
+    const { ctx } = this;
+    const released = this.releasing.signal;
+    let delay = ctx.restart.initialMs;
+    for (let attempt = 1; ; attempt++) {
+      if (this.gone) return true;
+      if (released.aborted) return false;
+      try {
+        await ctx.client.delete(path, {
+          gracePeriodSeconds: grace,
+          tolerateMissing: false,
+          ...(this.podUid ? { preconditionUid: this.podUid } : {}),
+        });
+        ctx.logger.info(
+          { instanceId: this.id, pod: this.podName, function: this.deployment.name, graceSeconds: grace },
+          "pod deleted",
+        );
+        return true;
+      } catch (err) {
+        // gone already; or (a Conflict on the uid precondition) a pod of that name that is not this one
+        if (isNotFound(err) || isConflict(err)) {
+          this.gone = true;
+          return true;
+        }
+        ctx.logger.warn(
+          {
+            instanceId: this.id,
+            pod: this.podName,
+            attempt,
+            retryInMs: delay,
+            err: (err as Error).message,
+          },
+          "could not delete the pod; retrying (the instance stays tracked until its pod is deleted)",
+        );
+      }
+      await sleep(delay, undefined, { signal: released }).catch(() => undefined);
+      delay = Math.min(delay * 2, ctx.restart.maxMs);
+    }
   }
 
   /** Deletes the pod at once, without waiting (its identity objects go with it: owner references). */
@@ -456,6 +501,7 @@ export class PodInstance implements ComputeInstance {
   /** The agent closes and leaves its pods running: stops provisioning (undoing one under way) and timers. */
   async release(): Promise<void> {
     this.starting.abort();
+    this.releasing.abort();
     if (this.recheck) clearTimeout(this.recheck);
     await this.provisioning;
   }

@@ -9,7 +9,7 @@ import type { IRole, IRoleBinding } from "kubernetes-models/rbac.authorization.k
 import type { IContainer, IEnvVar, IPod, ISecret, IServiceAccount } from "kubernetes-models/v1";
 import type { KubeObject } from "../../../lib/kube/index.js";
 import type { DesiredDeployment } from "../deployment.js";
-import { workerEnvironment, type WorkerSettings } from "../worker-env.js";
+import { workerEnvironment, workerHealthPort, type WorkerSettings } from "../worker-env.js";
 import type { ClusterInstanceType } from "./instance-types.js";
 
 export const MANAGED_BY = "callplane-compute";
@@ -86,6 +86,57 @@ const podIp: IEnvVar["valueFrom"] = { fieldRef: { fieldPath: "status.podIP" } };
 
 const base64 = (s: string): string => Buffer.from(s, "utf8").toString("base64");
 
+/**
+ * containerArgs as the container's args, split as a shell splits words, for quotes only: spaces,
+ * tabs and newlines separate arguments; single quotes keep everything literal up to the next one;
+ * double quotes keep everything but a backslash before `"`, `\\`, `$` or `` ` `` (which escapes it)
+ * and a backslash-newline (removed); outside quotes a backslash escapes the next character
+ * (backslash-newline is removed). Nothing is expanded: `$HOME`, `*` and `~` stay as written (NVCF's
+ * containerArgs are the container's args, not a shell command line; the local backend's
+ * local/command runs them through `sh -c` instead). `''` and `""` are an empty argument. An
+ * unterminated quote is an error.
+ */
+export function splitArgs(line: string): string[] {
+  const args: string[] = [];
+  let word = "";
+  let inWord = false;
+  for (let k = 0; k < line.length; k++) {
+    const c = line[k];
+    if (c === " " || c === "\t" || c === "\n") {
+      if (inWord) args.push(word);
+      word = "";
+      inWord = false;
+      continue;
+    }
+    inWord = true;
+    if (c === "'") {
+      const end = line.indexOf("'", k + 1);
+      if (end < 0) throw new Error(`containerArgs has an unterminated single quote: ${line}`);
+      word += line.slice(k + 1, end);
+      k = end;
+    } else if (c === '"') {
+      for (k++; ; k++) {
+        if (k >= line.length) throw new Error(`containerArgs has an unterminated double quote: ${line}`);
+        const d = line[k];
+        if (d === '"') break;
+        if (d === "\\" && k + 1 < line.length && '"\\$`\n'.includes(line[k + 1])) {
+          k++;
+          if (line[k] !== "\n") word += line[k];
+        } else word += d;
+      }
+    } else if (c === "\\") {
+      k++;
+      if (k >= line.length)
+        word += c; // (a trailing backslash is itself)
+      else if (line[k] !== "\n") word += line[k];
+      // (a backslash-newline joins two lines: it is no argument of its own)
+      else if (!word) inWord = false;
+    } else word += c;
+  }
+  if (inWord) args.push(word);
+  return args;
+}
+
 export interface InstanceObjectsInput {
   instanceId: string;
   namespace: string;
@@ -137,7 +188,7 @@ export function buildInstanceObjects(i: InstanceObjectsInput): InstanceObjects {
   const inference: IContainer = {
     name: "inference",
     image: d.spec.containerImage,
-    ...(d.spec.containerArgs?.trim() ? { args: d.spec.containerArgs.trim().split(/\s+/).map(literal) } : {}),
+    ...(d.spec.containerArgs?.trim() ? { args: splitArgs(d.spec.containerArgs).map(literal) } : {}),
     env: [
       ...d.spec.containerEnvironment
         .filter((e) => !ours.has(e.key))
@@ -162,6 +213,8 @@ export function buildInstanceObjects(i: InstanceObjectsInput): InstanceObjects {
     responsesDir: `${INFERENCE_DATA_DIR}/responses`,
   });
   workerVars.NVCF_INSTANCE_ID = podName;
+  // (not 8080 when the function listens there: the worker shares the pod's IP with it)
+  const healthPort = workerHealthPort(d);
   const worker: IContainer = {
     name: "worker",
     image: i.workerImage,
@@ -173,12 +226,12 @@ export function buildInstanceObjects(i: InstanceObjectsInput): InstanceObjects {
     ],
     envFrom: [{ secretRef: { name: workerSecretOf(podName) } }],
     readinessProbe: {
-      httpGet: { path: "/v1/health/ready", port: 8080 },
+      httpGet: { path: "/v1/health/ready", port: healthPort },
       periodSeconds: 5,
       failureThreshold: 3,
     },
     livenessProbe: {
-      httpGet: { path: "/v1/health/live", port: 8080 },
+      httpGet: { path: "/v1/health/live", port: healthPort },
       initialDelaySeconds: 10,
       periodSeconds: 10,
       failureThreshold: 3,
