@@ -4,6 +4,8 @@
 // review; and the rendered registration, which must send the webhook every kind it checks.
 import assert from "node:assert/strict";
 import { request as httpsRequest } from "node:https";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { computeAgentUsername } from "../../src/lib/config/index.js";
@@ -876,4 +878,82 @@ void test("render with the local backend: no webhook and no permission for the a
     "ClusterRoleBinding",
   ])
     assert.ok(!kinds.includes(kind), kind);
+});
+
+void test("render: the workers' egress reaches the NATS the workers dial: the rendered servers, or an external one's port (to its address when the URL names an IP)", (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "callplane-netpol-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const example = readFileSync(join(repoRoot, "examples", "kubernetes.yaml"), "utf8");
+  const natsRules = (edit: (text: string) => string) => {
+    const file = join(dir, `${Math.random().toString(36).slice(2)}.yaml`);
+    writeFileSync(file, edit(example));
+    const objects = renderFile(file, { version: "0.0.0-test" }).files.flatMap((f) =>
+      f.objects.map((o) => o.toJSON() as Record<string, unknown>),
+    );
+    const policy = objects.find(
+      (o) =>
+        o.kind === "NetworkPolicy" && (o.metadata as { name: string }).name === "callplane-workers-egress",
+    );
+    const egress = (policy?.spec as { egress: Array<{ to?: unknown[]; ports: Array<{ port: number }> }> })
+      .egress;
+    // DNS first, then NATS, then the front doors (invocation, gRPC: no proxy in this example)
+    return egress.filter(
+      (r) => !r.ports.some((p) => p.port === 53) && !JSON.stringify(r.to ?? []).match(/invocation|grpc/),
+    );
+  };
+  const sorted = (rules: unknown) => JSON.parse(JSON.stringify(rules)) as unknown;
+  // the example: the rendered servers (their pods in the control plane's namespace), by their
+  // Service's name in any of its forms
+  const rendered = natsRules((x) => x);
+  assert.equal(rendered.length, 1);
+  const [peer] = rendered[0].to as Array<Record<string, unknown>>;
+  assert.deepEqual(peer.namespaceSelector, { matchLabels: { "kubernetes.io/metadata.name": "nvcf" } });
+  assert.equal(
+    (peer.podSelector as { matchLabels: Record<string, string> }).matchLabels["app.kubernetes.io/name"],
+    "nats",
+  );
+  assert.deepEqual(rendered[0].ports, [{ protocol: "TCP", port: 4222 }]);
+  for (const short of ["nats", "nats.nvcf", "nats.nvcf.svc"])
+    assert.deepEqual(
+      sorted(natsRules((x) => x.replace("nats.nvcf.svc.cluster.local:4222", `${short}:4222`))),
+      sorted(rendered),
+      short,
+    );
+  // workerNatsUrl elsewhere: that port, to any address (the host is a DNS name)
+  assert.deepEqual(
+    sorted(
+      natsRules((x) => x.replace("tls://nats.nvcf.svc.cluster.local:4222", "tls://nats.example.com:7422")),
+    ),
+    [{ ports: [{ protocol: "TCP", port: 7422 }] }],
+  );
+  // an IP literal: to that address; several servers, each its rule; a missing port is 4222
+  assert.deepEqual(
+    sorted(
+      natsRules((x) =>
+        x.replace(
+          "tls://nats.nvcf.svc.cluster.local:4222",
+          "tls://10.1.2.3:4333,tls://[fd00::7],tls://nats.example.com",
+        ),
+      ),
+    ),
+    [
+      { to: [{ ipBlock: { cidr: "10.1.2.3/32" } }], ports: [{ protocol: "TCP", port: 4333 }] },
+      { to: [{ ipBlock: { cidr: "fd00::7/128" } }], ports: [{ protocol: "TCP", port: 4222 }] },
+      { ports: [{ protocol: "TCP", port: 4222 }] },
+    ],
+  );
+  // no NATS StatefulSet: nats.url is the workers' when workerNatsUrl is empty
+  assert.deepEqual(
+    sorted(
+      natsRules((x) =>
+        x
+          .replace(/workerNatsUrl: .*\n/, 'workerNatsUrl: ""\n')
+          .replace(
+            "  workerAuth: nkey\n",
+            "  workerAuth: nkey\n  url: tls://nats.example.com:4222\n  server:\n    enabled: false\n",
+          ),
+      ),
+    ),
+    [{ ports: [{ protocol: "TCP", port: 4222 }] }],
+  );
 });
