@@ -4,18 +4,21 @@
 // review; and the rendered registration, which must send the webhook every kind it checks.
 import assert from "node:assert/strict";
 import { request as httpsRequest } from "node:https";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { computeAgentUsername } from "../../src/lib/config/index.js";
 import {
   ACCOUNT_FIELDS,
+  OTHER_REVIEWED,
   POD_SPEC_PATHS,
   parseAdmissionReview,
   reviewAdmission,
   type PodBearingKind,
 } from "../../src/services/admission-webhook/review.js";
 import { MAX_REVIEW_BYTES, createAdmissionWebhook } from "../../src/services/admission-webhook/service.js";
-import { POD_BEARING_RESOURCES } from "../../src/deploy/render/admission-webhook.js";
+import { OTHER_RESOURCES, POD_BEARING_RESOURCES } from "../../src/deploy/render/admission-webhook.js";
 import { COMPUTE_AGENT_CLUSTER_RULES, COMPUTE_AGENT_RULES } from "../../src/deploy/render/compute.js";
 import { renderFile } from "../../src/deploy/index.js";
 import { repoRoot } from "../testkit/index.js";
@@ -53,6 +56,7 @@ interface Req {
   group?: string;
   operation?: string;
   object?: unknown;
+  oldObject?: unknown;
   user?: string;
   groups?: string[];
   name?: string;
@@ -79,7 +83,7 @@ function review(r: Req): Record<string, unknown> {
         groups: r.groups ?? ["system:masters", "system:authenticated"],
       },
       object: r.object,
-      oldObject: null,
+      oldObject: r.oldObject ?? null,
       dryRun: false,
     },
   };
@@ -218,7 +222,7 @@ void test("objects without a reserved account are allowed, whoever sends them", 
 });
 
 void test("kinds the webhook does not check are allowed, as are DELETE, CONNECT and subresources", () => {
-  for (const kind of ["ConfigMap", "Service", "ServiceAccount", "Scale", "Binding", "EphemeralContainers"]) {
+  for (const kind of ["ConfigMap", "Service", "ServiceAccount", "Scale", "Binding"]) {
     const r = decide({ kind, object: { spec: { serviceAccountName: "nvcf-worker-x" } } });
     assert.equal(r.outcome, "allowed", kind);
     assert.equal(r.kind, "other", kind);
@@ -241,6 +245,274 @@ void test("kinds the webhook does not check are allowed, as are DELETE, CONNECT 
   assert.equal(status.outcome, "allowed");
 });
 
+void test("UPDATE: a reserved account already at its path passes (a label, a finalizer, the garbage collector); a new one is refused", () => {
+  for (const kind of KINDS)
+    for (const field of ACCOUNT_FIELDS) {
+      const what = `${kind} ${field}`;
+      const old = objectOf(kind, field, "nvcf-worker-x");
+      const labelled = structuredClone(old);
+      (labelled.metadata as Record<string, unknown>).labels = { touched: "yes" };
+      (labelled.metadata as Record<string, unknown>).finalizers = ["example.com/hold"];
+      const kept = decide({
+        kind,
+        group: GROUPS[kind],
+        operation: "UPDATE",
+        object: labelled,
+        oldObject: old,
+      });
+      assert.equal(kept.outcome, "allowed", `${what}: kept`);
+      assert.deepEqual(kept.reserved, [], what);
+      // and the finalizer removed again
+      assert.equal(
+        decide({ kind, operation: "UPDATE", object: old, oldObject: labelled }).outcome,
+        "allowed",
+        `${what}: finalizer removed`,
+      );
+      // brought in by the update: from another account, or from none
+      for (const before of [objectOf(kind, field, "plain"), objectOf(kind, field, "nvcf-worker-y"), {}]) {
+        const r = decide({ kind, operation: "UPDATE", object: old, oldObject: before });
+        assert.equal(r.outcome, "refused", `${what}: introduced`);
+        assert.deepEqual(r.reserved, [`${[...POD_SPEC_PATHS[kind], field].join(".")} "nvcf-worker-x"`]);
+      }
+      // the same name at the other field is another path: new there
+      const other = field === "serviceAccountName" ? "serviceAccount" : "serviceAccountName";
+      assert.equal(
+        decide({ kind, operation: "UPDATE", object: old, oldObject: objectOf(kind, other, "nvcf-worker-x") })
+          .outcome,
+        "refused",
+        `${what}: moved`,
+      );
+    }
+  // an UPDATE without its oldObject is judged as a CREATE
+  assert.equal(
+    decide({
+      kind: "Pod",
+      operation: "UPDATE",
+      object: objectOf("Pod", "serviceAccountName", "nvcf-worker-x"),
+    }).outcome,
+    "refused",
+  );
+});
+
+/** A pod spec that references `secret` in each of the places a pod can take a Secret from. */
+function specReferencing(secret: string): Record<string, unknown> {
+  const container = (name: string) => ({
+    name,
+    image: "example.com/x:1",
+    env: [
+      { name: "A", value: "a" },
+      { name: "S", valueFrom: { secretKeyRef: { name: secret, key: "k" } } },
+    ],
+    envFrom: [{ configMapRef: { name: "c" } }, { secretRef: { name: secret } }],
+  });
+  return {
+    serviceAccountName: "plain",
+    volumes: [
+      { name: "e", emptyDir: {} },
+      { name: "s", secret: { secretName: secret } },
+      {
+        name: "p",
+        projected: { sources: [{ configMap: { name: "c" } }, { secret: { name: secret } }] },
+      },
+    ],
+    containers: [container("c")],
+    initContainers: [container("i")],
+    ephemeralContainers: [container("d")],
+  };
+}
+
+function objectWithSpec(kind: PodBearingKind, spec: Record<string, unknown>): Record<string, unknown> {
+  let inner: Record<string, unknown> = spec;
+  for (const key of [...POD_SPEC_PATHS[kind]].reverse()) inner = { [key]: inner };
+  return { apiVersion: "v1", kind, metadata: { name: "x", namespace: "workers" }, ...inner };
+}
+
+void test("a worker pod's Secrets (cp-*-worker, cp-*-secrets): every place a pod spec names a Secret, every kind, refused naming each field path", () => {
+  const places = [
+    "volumes[1].secret.secretName",
+    "volumes[2].projected.sources[1].secret.name",
+    ...["containers", "initContainers", "ephemeralContainers"].flatMap((c) => [
+      `${c}[0].env[1].valueFrom.secretKeyRef.name`,
+      `${c}[0].envFrom[1].secretRef.name`,
+    ]),
+  ];
+  for (const secret of ["cp-0b5e-worker", "cp-0b5e-secrets"])
+    for (const kind of KINDS)
+      for (const operation of ["CREATE", "UPDATE"]) {
+        const what = `${operation} ${kind} ${secret}`;
+        const object = objectWithSpec(kind, specReferencing(secret));
+        const r = decide({ kind, group: GROUPS[kind], operation, object });
+        assert.equal(r.outcome, "refused", what);
+        const path = POD_SPEC_PATHS[kind].join(".");
+        assert.deepEqual(
+          r.reserved,
+          places.map((p) => `${path}.${p} ${JSON.stringify(secret)}`),
+          what,
+        );
+        assert.equal(
+          r.message,
+          `${r.reserved.join(", ")}: the Secrets cp-<id>-worker and cp-<id>-secrets hold a worker pod's NATS credential and its function's secrets; only the compute agent (${AGENT}) may use them`,
+          what,
+        );
+        // the agent's own pods take them; an update that keeps them passes (the garbage collector)
+        assert.equal(decide({ kind, operation, object, user: AGENT, groups: [] }).outcome, "allowed", what);
+        const labelled = structuredClone(object);
+        (labelled.metadata as Record<string, unknown>).labels = { touched: "yes" };
+        assert.equal(
+          decide({ kind, operation: "UPDATE", object: labelled, oldObject: object }).outcome,
+          "allowed",
+          `${what}: kept`,
+        );
+      }
+  // other names are anyone's
+  for (const secret of [
+    "cp-worker",
+    "cp--worker",
+    "worker",
+    "x-cp-a-worker",
+    "cp-a-worker-2",
+    "cp-a-other",
+    "CP-A-WORKER",
+  ])
+    assert.equal(
+      decide({ kind: "Pod", object: objectWithSpec("Pod", specReferencing(secret)) }).outcome,
+      "allowed",
+      secret,
+    );
+  // an account and a Secret: both named, each with its reason
+  const both = objectWithSpec("Pod", {
+    ...specReferencing("cp-a-worker"),
+    serviceAccountName: "nvcf-worker-a",
+  });
+  const r = decide({ kind: "Pod", object: both });
+  assert.match(
+    r.message ?? "",
+    /^spec\.serviceAccountName "nvcf-worker-a": service accounts starting with nvcf-worker- are reserved for callplane's worker pods; spec\.volumes\[1\]\.secret\.secretName "cp-a-worker", .*: the Secrets cp-<id>-worker and cp-<id>-secrets hold .*; only the compute agent \(system:serviceaccount:nvcf:compute-agent\) may use them$/,
+  );
+});
+
+void test("pods/ephemeralcontainers: refused for anyone but the agent in a pod that runs a reserved account", () => {
+  const ephemeral = {
+    name: "debug",
+    image: "busybox",
+    volumeMounts: [{ name: "nvcf-worker-token", mountPath: "/t" }],
+  };
+  // Kubernetes 1.20 to 1.22: the review's object is an EphemeralContainers, without the pod's account
+  const v120 = (user: string, groups: string[] = ["system:masters"]) =>
+    decide({
+      kind: "EphemeralContainers",
+      operation: "UPDATE",
+      resource: { group: "", version: "v1", resource: "pods" },
+      subResource: "ephemeralcontainers",
+      name: "cp-1",
+      user,
+      groups,
+      object: {
+        apiVersion: "v1",
+        kind: "EphemeralContainers",
+        metadata: { name: "cp-1" },
+        ephemeralContainers: [ephemeral],
+      },
+      oldObject: {
+        apiVersion: "v1",
+        kind: "EphemeralContainers",
+        metadata: { name: "cp-1" },
+        ephemeralContainers: [],
+      },
+    });
+  const refused = v120("admin");
+  assert.equal(refused.outcome, "refused");
+  assert.equal(refused.kind, "EphemeralContainers");
+  assert.match(
+    refused.message ?? "",
+    /^pods\/cp-1\/ephemeralcontainers: this review \(kind EphemeralContainers\) does not carry the pod's service account.*only the compute agent \(system:serviceaccount:nvcf:compute-agent\) may add ephemeral containers here$/,
+  );
+  assert.equal(v120("system:node:n1", ["system:nodes"]).outcome, "refused", "a node");
+  assert.equal(v120(AGENT, []).outcome, "allowed", "the agent");
+  // 1.23 and later: the review's object is the Pod
+  const pod = (account: string, ephemeralContainers: unknown[]) => ({
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name: "cp-1" },
+    spec: { serviceAccountName: account, containers: [{ name: "c", image: "x" }], ephemeralContainers },
+  });
+  const v123 = (account: string, user = "admin", added: unknown = ephemeral) =>
+    decide({
+      kind: "Pod",
+      operation: "UPDATE",
+      resource: { group: "", version: "v1", resource: "pods" },
+      subResource: "ephemeralcontainers",
+      user,
+      object: pod(account, [added]),
+      oldObject: pod(account, []),
+    });
+  const worker = v123("nvcf-worker-cp-1");
+  assert.equal(worker.outcome, "refused");
+  assert.equal(worker.kind, "EphemeralContainers");
+  assert.match(
+    worker.message ?? "",
+    /^spec\.serviceAccountName "nvcf-worker-cp-1": .*could read its token; only the compute agent .* may add ephemeral containers to it$/,
+  );
+  assert.equal(v123("nvcf-worker-cp-1", AGENT).outcome, "allowed");
+  assert.equal(v123("plain").outcome, "allowed", "a pod of an ordinary account");
+  const secretRef = { name: "d", image: "x", envFrom: [{ secretRef: { name: "cp-1-worker" } }] };
+  const r = v123("plain", "admin", secretRef);
+  assert.equal(r.outcome, "refused", "a worker's Secret, from an ephemeral container");
+  assert.deepEqual(r.reserved, ['spec.ephemeralContainers[0].envFrom[0].secretRef.name "cp-1-worker"']);
+});
+
+void test("a legacy token Secret (kubernetes.io/service-account-token) for a worker account: refused for anyone but the agent", () => {
+  const secret = (account: string | undefined, type = "kubernetes.io/service-account-token") => ({
+    apiVersion: "v1",
+    kind: "Secret",
+    type,
+    metadata: {
+      name: "t",
+      annotations: account === undefined ? {} : { "kubernetes.io/service-account.name": account },
+    },
+  });
+  const r = decide({ kind: "Secret", object: secret("nvcf-worker-x") });
+  assert.equal(r.outcome, "refused");
+  assert.equal(r.kind, "Secret");
+  assert.equal(
+    r.message,
+    `metadata.annotations["kubernetes.io/service-account.name"] "nvcf-worker-x": service accounts starting with nvcf-worker- are reserved for callplane's worker pods, and a Secret of type kubernetes.io/service-account-token for one gets a token that never expires; only the compute agent (${AGENT}) may create such a Secret`,
+  );
+  assert.equal(
+    decide({
+      kind: "Secret",
+      operation: "UPDATE",
+      object: secret("nvcf-worker-x"),
+      oldObject: secret("plain"),
+    }).outcome,
+    "refused",
+    "renamed to a worker account",
+  );
+  assert.equal(
+    decide({ kind: "Secret", object: secret("nvcf-worker-x"), user: AGENT, groups: [] }).outcome,
+    "allowed",
+  );
+  // the token controller fills in the token of a Secret the agent made
+  const filled = { ...secret("nvcf-worker-x"), data: { token: "dA==" } };
+  assert.equal(
+    decide({
+      kind: "Secret",
+      operation: "UPDATE",
+      object: filled,
+      oldObject: secret("nvcf-worker-x"),
+      user: "system:serviceaccount:kube-system:token-controller",
+    }).outcome,
+    "allowed",
+  );
+  for (const [what, o] of [
+    ["another account", secret("plain")],
+    ["no annotation", secret(undefined)],
+    ["an Opaque Secret", secret("nvcf-worker-x", "Opaque")],
+  ] as const)
+    assert.equal(decide({ kind: "Secret", object: o }).outcome, "allowed", what);
+  assert.equal(decide({ kind: "Secret", operation: "DELETE", object: null }).outcome, "allowed");
+});
+
 void test("TokenRequest for a reserved account: the agent and the nodes may, anyone else may not", () => {
   assert.equal(decide(tokenRequest("nvcf-worker-x", AGENT)).outcome, "allowed", "the agent");
   assert.equal(
@@ -248,7 +520,6 @@ void test("TokenRequest for a reserved account: the agent and the nodes may, any
     "allowed",
     "a kubelet",
   );
-  assert.equal(decide(tokenRequest("nvcf-worker-x", "system:node:n1", [])).outcome, "allowed", "by name");
   assert.equal(
     decide(tokenRequest("nvcf-worker-x", "someone", ["system:nodes"])).outcome,
     "allowed",
@@ -259,6 +530,9 @@ void test("TokenRequest for a reserved account: the agent and the nodes may, any
     ["system:serviceaccount:workers:nvcf-worker-x", ["system:serviceaccounts"]],
     ["system:serviceaccount:nvcf:nvcf-api", ["system:serviceaccounts"]],
     ["system:nodes", []],
+    // a username that looks like a node's is not a node: any authenticator may hand one out
+    ["system:node:n1", []],
+    ["system:node:n1", ["system:authenticated"]],
   ] as const) {
     const r = decide(tokenRequest("nvcf-worker-x", user, [...groups]));
     assert.equal(r.outcome, "refused", user);
@@ -551,10 +825,19 @@ void test("render (examples/kubernetes.yaml): the registration sends every kind 
   // the kind the review checks ↔ the resource the registration sends
   const plural = (kind: string) => `${kind.toLowerCase()}s`;
   for (const kind of KINDS) assert.ok(sent.has(`${GROUPS[kind]}/${plural(kind)}:CREATE,UPDATE`), kind);
+  // the review's other kinds ↔ the registration's other resources, in the core group
+  assert.deepEqual(
+    Object.values(OTHER_REVIEWED).map((x) => `/${x.resource}:${x.operations.join(",")}`),
+    OTHER_RESOURCES.map((x) => `/${x.resource}:${x.operations.join(",")}`),
+  );
+  for (const x of OTHER_RESOURCES)
+    assert.ok(sent.has(`/${x.resource}:${x.operations.join(",")}`), x.resource);
   assert.ok(sent.has("/serviceaccounts/token:CREATE"));
-  assert.equal(sent.size, KINDS.length + 1, "nothing else is sent");
+  assert.ok(sent.has("/pods/ephemeralcontainers:UPDATE"));
+  assert.ok(sent.has("/secrets:CREATE,UPDATE"));
+  assert.equal(sent.size, KINDS.length + OTHER_RESOURCES.length, "nothing else is sent");
   assert.equal(POD_BEARING_RESOURCES.flatMap((x) => x.resources).length, KINDS.length);
-  for (const rule of rules.slice(0, -1)) assert.deepEqual(rule.apiVersions, ["*"]);
+  for (const rule of rules.slice(0, POD_BEARING_RESOURCES.length)) assert.deepEqual(rule.apiVersions, ["*"]);
   // the workers' namespace carries the label the selector matches (Kubernetes 1.20 does not add it)
   const ns = objects.find(
     (o) => o.kind === "Namespace" && (o.metadata as { name: string }).name === "callplane-workers",
@@ -595,4 +878,82 @@ void test("render with the local backend: no webhook and no permission for the a
     "ClusterRoleBinding",
   ])
     assert.ok(!kinds.includes(kind), kind);
+});
+
+void test("render: the workers' egress reaches the NATS the workers dial: the rendered servers, or an external one's port (to its address when the URL names an IP)", (t) => {
+  const dir = mkdtempSync(join(tmpdir(), "callplane-netpol-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const example = readFileSync(join(repoRoot, "examples", "kubernetes.yaml"), "utf8");
+  const natsRules = (edit: (text: string) => string) => {
+    const file = join(dir, `${Math.random().toString(36).slice(2)}.yaml`);
+    writeFileSync(file, edit(example));
+    const objects = renderFile(file, { version: "0.0.0-test" }).files.flatMap((f) =>
+      f.objects.map((o) => o.toJSON() as Record<string, unknown>),
+    );
+    const policy = objects.find(
+      (o) =>
+        o.kind === "NetworkPolicy" && (o.metadata as { name: string }).name === "callplane-workers-egress",
+    );
+    const egress = (policy?.spec as { egress: Array<{ to?: unknown[]; ports: Array<{ port: number }> }> })
+      .egress;
+    // DNS first, then NATS, then the front doors (invocation, gRPC: no proxy in this example)
+    return egress.filter(
+      (r) => !r.ports.some((p) => p.port === 53) && !JSON.stringify(r.to ?? []).match(/invocation|grpc/),
+    );
+  };
+  const sorted = (rules: unknown) => JSON.parse(JSON.stringify(rules)) as unknown;
+  // the example: the rendered servers (their pods in the control plane's namespace), by their
+  // Service's name in any of its forms
+  const rendered = natsRules((x) => x);
+  assert.equal(rendered.length, 1);
+  const [peer] = rendered[0].to as Array<Record<string, unknown>>;
+  assert.deepEqual(peer.namespaceSelector, { matchLabels: { "kubernetes.io/metadata.name": "nvcf" } });
+  assert.equal(
+    (peer.podSelector as { matchLabels: Record<string, string> }).matchLabels["app.kubernetes.io/name"],
+    "nats",
+  );
+  assert.deepEqual(rendered[0].ports, [{ protocol: "TCP", port: 4222 }]);
+  for (const short of ["nats", "nats.nvcf", "nats.nvcf.svc"])
+    assert.deepEqual(
+      sorted(natsRules((x) => x.replace("nats.nvcf.svc.cluster.local:4222", `${short}:4222`))),
+      sorted(rendered),
+      short,
+    );
+  // workerNatsUrl elsewhere: that port, to any address (the host is a DNS name)
+  assert.deepEqual(
+    sorted(
+      natsRules((x) => x.replace("tls://nats.nvcf.svc.cluster.local:4222", "tls://nats.example.com:7422")),
+    ),
+    [{ ports: [{ protocol: "TCP", port: 7422 }] }],
+  );
+  // an IP literal: to that address; several servers, each its rule; a missing port is 4222
+  assert.deepEqual(
+    sorted(
+      natsRules((x) =>
+        x.replace(
+          "tls://nats.nvcf.svc.cluster.local:4222",
+          "tls://10.1.2.3:4333,tls://[fd00::7],tls://nats.example.com",
+        ),
+      ),
+    ),
+    [
+      { to: [{ ipBlock: { cidr: "10.1.2.3/32" } }], ports: [{ protocol: "TCP", port: 4333 }] },
+      { to: [{ ipBlock: { cidr: "fd00::7/128" } }], ports: [{ protocol: "TCP", port: 4222 }] },
+      { ports: [{ protocol: "TCP", port: 4222 }] },
+    ],
+  );
+  // no NATS StatefulSet: nats.url is the workers' when workerNatsUrl is empty
+  assert.deepEqual(
+    sorted(
+      natsRules((x) =>
+        x
+          .replace(/workerNatsUrl: .*\n/, 'workerNatsUrl: ""\n')
+          .replace(
+            "  workerAuth: nkey\n",
+            "  workerAuth: nkey\n  url: tls://nats.example.com:4222\n  server:\n    enabled: false\n",
+          ),
+      ),
+    ),
+    [{ ports: [{ protocol: "TCP", port: 4222 }] }],
+  );
 });

@@ -3,7 +3,8 @@
 //
 // The registration covers every pod-bearing kind in every version the cluster serves (a Pod, and
 // everything with a pod template: a controller would otherwise make the pod the webhook refuses to
-// see made directly) on CREATE and UPDATE, and TokenRequests. Its failure policy is Fail: with no
+// see made directly) on CREATE and UPDATE, pods/ephemeralcontainers, Secrets (legacy token Secrets)
+// and TokenRequests. Its failure policy is Fail: with no
 // webhook answering, the API server refuses rather than lets a reserved account through. It is
 // limited to the workers' namespace: service accounts are namespaced, so an nvcf-worker-* account
 // means something only there, and a webhook that is down then blocks nothing elsewhere in the cluster
@@ -21,6 +22,18 @@ export const POD_BEARING_RESOURCES = [
   { apiGroups: [""], resources: ["pods", "replicationcontrollers", "podtemplates"] },
   { apiGroups: ["apps"], resources: ["deployments", "statefulsets", "replicasets", "daemonsets"] },
   { apiGroups: ["batch"], resources: ["jobs", "cronjobs"] },
+] as const;
+
+/**
+ * The core group's other resources it is registered for, each with the kind the review reads
+ * (review.ts's OTHER_REVIEWED: the unit test checks the two agree): TokenRequests, ephemeral
+ * containers (1.20 serves pods/ephemeralcontainers behind a feature gate; registered all the same,
+ * for the cluster that turns it on) and Secrets (legacy service-account token Secrets).
+ */
+export const OTHER_RESOURCES = [
+  { resource: "serviceaccounts/token", operations: ["CREATE"] },
+  { resource: "pods/ephemeralcontainers", operations: ["UPDATE"] },
+  { resource: "secrets", operations: ["CREATE", "UPDATE"] },
 ] as const;
 
 /** The registration's name: cluster-wide, so one per control plane (its namespace in the name). */
@@ -87,13 +100,13 @@ export function renderAdmissionWebhook(k: RenderContext): K8sObject[] {
             resources: [...r.resources],
             scope: "Namespaced" as const,
           })),
-          {
+          ...OTHER_RESOURCES.map((r) => ({
             apiGroups: [""],
             apiVersions: ["v1"],
-            operations: ["CREATE"],
-            resources: ["serviceaccounts/token"],
-            scope: "Namespaced",
-          },
+            operations: [...r.operations],
+            resources: [r.resource],
+            scope: "Namespaced" as const,
+          })),
         ],
       },
     ],

@@ -1,9 +1,43 @@
 // 60-network-policies.yaml: what the workers' pods may reach (and that nothing may reach them), and
 // who may reach the admin issuer.
+import { isIP } from "node:net";
 import { NetworkPolicy, type INetworkPolicyPeer } from "kubernetes-models/networking.k8s.io/v1";
-import { NATS_PORTS, WORKLOADS, type Workload } from "../layout.js";
+import { natsServerAddresses } from "../../lib/nats/cluster.js";
+import { NATS_PORTS, SERVICES, WORKLOADS, type Workload } from "../layout.js";
 import type { RenderContext } from "./context.js";
 import type { K8sObject } from "./types.js";
+
+type EgressRule = NonNullable<NonNullable<NetworkPolicy["spec"]>["egress"]>[number];
+
+/**
+ * The workers' rules to NATS, from the URL they dial (compute.kubernetes.workerNatsUrl, else
+ * nats.url): the rendered StatefulSet's pods when a server is its Service (by any of the Service's
+ * names), else that server's port, to any address (a NetworkPolicy cannot name a DNS name, and an
+ * external server's address is not the cluster's to know), or to its address when the URL names an
+ * IP literal.
+ */
+export function workerNatsEgress(k: RenderContext, toNats: INetworkPolicyPeer): EgressRule[] {
+  const c = k.c;
+  const svc = SERVICES.nats;
+  const rendered = new Set([svc, `${svc}.${k.ns}`, `${svc}.${k.ns}.svc`, k.plan.names.fqdn(svc)]);
+  const url =
+    c.compute.kubernetes.workerNatsUrl ||
+    (c.nats.server.enabled ? `tls://${k.plan.names.fqdn(svc)}:${NATS_PORTS.client}` : c.nats.url);
+  const tcp = (port: number) => ({ protocol: "TCP" as const, port });
+  const out: EgressRule[] = [];
+  const key = (r: EgressRule) => JSON.stringify(r);
+  const add = (r: EgressRule) => {
+    if (!out.some((x) => key(x) === key(r))) out.push(r);
+  };
+  for (const { host, port } of natsServerAddresses(url)) {
+    const h = host.toLowerCase().replace(/\.$/, "");
+    if (c.nats.server.enabled && rendered.has(h)) add({ to: [toNats], ports: [tcp(NATS_PORTS.client)] });
+    else if (isIP(h))
+      add({ to: [{ ipBlock: { cidr: `${h}/${isIP(h) === 4 ? 32 : 128}` } }], ports: [tcp(port)] });
+    else add({ ports: [tcp(port)] });
+  }
+  return out;
+}
 
 /**
  * Workers may reach the proxy and NATS, and nothing else (DNS aside). Without the proxy,
@@ -33,7 +67,7 @@ export function renderNetworkPolicies(k: RenderContext): K8sObject[] {
       ],
     },
   ];
-  if (k.c.nats.server.enabled) egress.push({ to: [inNs(WORKLOADS.nats)], ports: [tcp(NATS_PORTS.client)] });
+  egress.push(...workerNatsEgress(k, inNs(WORKLOADS.nats)));
   if (k.proxyOn) {
     egress.push({ to: [inNs(WORKLOADS.proxy)], ports: [tcp(k.plan.ports.proxy)] });
   } else {

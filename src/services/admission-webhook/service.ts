@@ -94,8 +94,10 @@ export function createAdmissionWebhook(opts: AdmissionWebhookOptions): Admission
         user: (r.userInfo as { username?: unknown } | undefined)?.username,
         reserved: result.reserved,
       };
-      if (result.outcome === "refused") log.info(about, "admission refused: reserved worker service account");
-      else if (result.reserved.length) log.info(about, "admission allowed: reserved worker service account");
+      if (result.outcome === "refused")
+        log.info(about, "admission refused: reserved worker account or Secret");
+      else if (result.reserved.length)
+        log.info(about, "admission allowed: reserved worker account or Secret");
       sendJson(res, 200, result.answer);
     } catch (err) {
       if (err instanceof CallplaneError) reviews.inc({ kind: "unknown", outcome: "invalid" });

@@ -6,7 +6,11 @@
 // selector) and the compute agent's ServiceAccount, Role, RoleBinding, ClusterRole and its binding.
 // Proved: every pod-bearing kind with either account field is refused by the API server, the
 // webhook's message reaches the client and nothing reaches etcd; the agent's own token creates a
-// worker pod; a TokenRequest for a worker account is refused for an admin and allowed for a node;
+// worker pod, which an admin may then label and give a finalizer and take it off again (what the
+// garbage collector does in a foreground deletion); a pod of an ordinary account that mounts a
+// worker's Secret is refused; a legacy token Secret for a worker account is refused for an admin
+// and created by the agent; a TokenRequest for a worker account is refused for an admin and
+// allowed for a node;
 // other namespaces are not reviewed; with no webhook answering, the workers' namespace takes no pod
 // (failure policy Fail).
 import assert from "node:assert/strict";
@@ -267,30 +271,98 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
   );
 
   await t.test(
-    "the compute agent's service account (its rendered Role) creates a worker pod; an admin may not touch it",
+    "the compute agent's service account (its rendered Role) creates a worker pod; an admin's label and finalizer on it pass",
     async () => {
-      const pod = KINDS[0].object("cp-worker", { serviceAccountName: RESERVED });
+      // as the pod contract has it: the worker's Secret by envFrom, the function's by a volume
+      const pod = KINDS[0].object("cp-worker", { serviceAccountName: RESERVED }) as KubeObject & {
+        spec: Record<string, unknown> & { containers: Array<Record<string, unknown>> };
+      };
+      pod.spec.containers[0].envFrom = [{ secretRef: { name: "cp-worker-worker" } }];
+      pod.spec.volumes = [{ name: "secrets", secret: { secretName: "cp-worker-secrets" } }];
       const created = await agent.create(kubePaths.pods(WORKERS), pod);
       assert.equal((created.spec as { serviceAccountName: string }).serviceAccountName, RESERVED);
-      // an update of a worker pod by anyone else is refused too (a label, here); deleting is not reviewed
-      const err = await refusal(
-        k.admin.patch(kubePaths.pods(WORKERS, "cp-worker"), { metadata: { labels: { touched: "yes" } } }),
+      // an UPDATE by anyone else that brings no reserved name passes: a label, a finalizer (what the
+      // garbage collector adds and removes in a foreground deletion), and the finalizer removed
+      const podPath = kubePaths.pods(WORKERS, "cp-worker");
+      await k.admin.patch(podPath, { metadata: { labels: { touched: "yes" } } });
+      await k.admin.patch(podPath, { metadata: { finalizers: ["example.com/hold"] } });
+      assert.deepEqual((await k.admin.get(podPath)).metadata?.finalizers, ["example.com/hold"]);
+      await k.admin.patch(podPath, [{ op: "remove", path: "/metadata/finalizers" }], "json");
+      const after = await k.admin.get(podPath);
+      assert.equal(after.metadata?.finalizers, undefined);
+      assert.equal(after.metadata?.labels?.touched, "yes");
+      await agent.patch(podPath, { metadata: { labels: { touched: "by-agent" } } }).then(
+        () => assert.fail("the agent's Role has no pod patch"),
+        (e: unknown) =>
+          assert.ok(e instanceof KubeError && e.status === 403 && e.reason === "Forbidden", String(e)),
       );
-      assert.equal(err.status, 403, err.message);
-      assert.ok(err.message.includes(`spec.serviceAccountName "${RESERVED}"`), err.message);
-      await agent
-        .patch(kubePaths.pods(WORKERS, "cp-worker"), { metadata: { labels: { touched: "by-agent" } } })
-        .then(
-          () => assert.fail("the agent's Role has no pod patch"),
-          (e: unknown) =>
-            assert.ok(e instanceof KubeError && e.status === 403 && e.reason === "Forbidden", String(e)),
-        );
-      await k.admin.delete(kubePaths.pods(WORKERS, "cp-worker"), {
-        gracePeriodSeconds: 0,
-        tolerateMissing: false,
-      });
+      await k.admin.delete(podPath, { gracePeriodSeconds: 0, tolerateMissing: false });
       // and its ClusterRole reads the nodes (the instance types)
       await agent.list(kubePaths.nodes());
+    },
+  );
+
+  await t.test(
+    "a pod of an ordinary account that takes a worker's Secret (cp-*-worker, cp-*-secrets) is refused, naming the field",
+    async () => {
+      for (const [secret, edit, field] of [
+        [
+          "cp-x-worker",
+          (spec: Record<string, unknown>) => {
+            spec.volumes = [{ name: "s", secret: { secretName: "cp-x-worker" } }];
+          },
+          "spec.volumes[0].secret.secretName",
+        ],
+        [
+          "cp-x-secrets",
+          (spec: Record<string, unknown>) => {
+            (spec.containers as Array<Record<string, unknown>>)[0].env = [
+              { name: "S", valueFrom: { secretKeyRef: { name: "cp-x-secrets", key: "secrets.json" } } },
+            ];
+          },
+          "spec.containers[0].env[0].valueFrom.secretKeyRef.name",
+        ],
+      ] as const) {
+        const pod = KINDS[0].object("thief", { serviceAccountName: "plain" }) as KubeObject & {
+          spec: Record<string, unknown>;
+        };
+        edit(pod.spec);
+        const err = await refusal(k.admin.create(kubePaths.pods(WORKERS), pod));
+        assert.equal(err.status, 403, err.message);
+        assert.ok(err.message.includes(`${field} "${secret}"`), err.message);
+        assert.ok(err.message.includes("hold a worker pod's NATS credential"), err.message);
+        assert.ok(isNotFound(await k.admin.get(kubePaths.pods(WORKERS, "thief")).catch((e: unknown) => e)));
+      }
+    },
+  );
+
+  await t.test(
+    "a legacy token Secret for a worker account: refused for an admin, created by the agent (its Role has secrets create)",
+    async () => {
+      const secret = (name: string): KubeObject => ({
+        apiVersion: "v1",
+        kind: "Secret",
+        type: "kubernetes.io/service-account-token",
+        metadata: { name, annotations: { "kubernetes.io/service-account.name": RESERVED } },
+      });
+      const err = await refusal(k.admin.create(kubePaths.secrets(WORKERS), secret("legacy-admin")));
+      assert.equal(err.status, 403, err.message);
+      assert.ok(
+        err.message.includes(
+          `metadata.annotations["kubernetes.io/service-account.name"] "${RESERVED}": service accounts starting with nvcf-worker- are reserved`,
+        ),
+        err.message,
+      );
+      assert.ok(err.message.includes("a token that never expires"), err.message);
+      assert.ok(
+        isNotFound(await k.admin.get(kubePaths.secrets(WORKERS, "legacy-admin")).catch((e: unknown) => e)),
+      );
+      await agent.create(kubePaths.secrets(WORKERS), secret("legacy-agent"));
+      // an update that keeps the account (the token controller filling in the token) passes
+      await k.admin.patch(kubePaths.secrets(WORKERS, "legacy-agent"), {
+        metadata: { labels: { filled: "yes" } },
+      });
+      await agent.delete(kubePaths.secrets(WORKERS, "legacy-agent"), { tolerateMissing: false });
     },
   );
 
