@@ -88,7 +88,11 @@ export function reportError(err: unknown, json: boolean): number {
       : new CliError(`unexpected failure: ${err instanceof Error ? err.message : String(err)}`, "INTERNAL", {
           hint: "this is a bug in the callplane CLI; please report it with the command you ran",
         });
-  note(`callplane: ${e.message} (${e.code})`);
+  // a configuration file's problems are local text, one per line (each line still escaped); any
+  // other message, which may carry a server's words, stays on one line
+  const lines = e.code === "CONFIG" ? e.message.split("\n") : [e.message];
+  note(`callplane: ${lines[0]}${lines.length === 1 ? ` (${e.code})` : ""}`);
+  for (const [i, l] of lines.slice(1).entries()) note(i === lines.length - 2 ? `${l} (${e.code})` : l);
   if (e.hint) note(`hint: ${e.hint}`);
   if (json) {
     printJson({

@@ -94,3 +94,19 @@ void test("--json: the same values, with DEL, C1, bidi characters and U+2028/U+2
   );
   assert.doesNotMatch(err.stdout + err.stderr, RAW);
 });
+
+void test("a configuration file's problems print one per line, each escaped; other errors stay on one line", () => {
+  const config = capture(() =>
+    reportError(
+      new CliError("invalid configuration (f.yaml):\n  - a: bad\n  - b: x\u001b[2J", "CONFIG"),
+      false,
+    ),
+  );
+  assert.deepEqual(config.stderr.trimEnd().split("\n"), [
+    "callplane: invalid configuration (f.yaml):",
+    "  - a: bad",
+    "  - b: x\\x1b[2J (CONFIG)",
+  ]);
+  const api = capture(() => reportError(new CliError("the API said a\nb", "VALIDATION_FAILED"), false));
+  assert.equal(api.stderr.trimEnd().split("\n").length, 1);
+});
