@@ -66,6 +66,7 @@ test(
 
     const kubelet = await startTestKubelet(scope, {
       client: k.node,
+      scheduler: k.scheduler,
       namespace: WORKERS_NS,
       nodeLabels: { "nvidia.com/gpu.product": "A100", "nvidia.com/gpu.count": "4" },
       podNetwork: POD_NETWORK,

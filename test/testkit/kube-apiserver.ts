@@ -41,9 +41,15 @@ export interface KubeApiServer {
   /** A system:masters user's token, and a client with it. */
   adminToken: string;
   admin: KubeClient;
-  /** system:node:test-node, in groups system:nodes and system:masters (the test kubelet). */
+  /**
+   * system:node:test-node, in the group system:nodes only (the test kubelet): the Node authorizer
+   * limits it as it limits a kubelet (its own Node, the pods bound to it, their Secrets and tokens).
+   */
   nodeToken: string;
   node: KubeClient;
+  /** system:kube-scheduler (the default RBAC lets it bind pods): the test kubelet's scheduler part. */
+  schedulerToken: string;
+  scheduler: KubeClient;
   etcdUrl: string;
   /** The temporary folder (removed when the test ends). */
   dir: string;
@@ -235,10 +241,12 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
     );
     const adminToken = randomBytes(24).toString("hex");
     const nodeToken = randomBytes(24).toString("hex");
+    const schedulerToken = randomBytes(24).toString("hex");
     writeFileSync(
       files.tokens,
       `${adminToken},admin,admin,"system:masters"\n` +
-        `${nodeToken},system:node:test-node,node-test-node,"system:nodes,system:masters"\n`,
+        `${nodeToken},system:node:test-node,node-test-node,"system:nodes"\n` +
+        `${schedulerToken},system:kube-scheduler,kube-scheduler\n`,
       { mode: 0o600 },
     );
 
@@ -280,6 +288,7 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
     };
     const admin = clientAs(adminToken);
     const node = clientAs(nodeToken);
+    const scheduler = clientAs(schedulerToken);
     await waitUntil("/readyz", a, async () => {
       const r = await admin.send("GET", "/readyz", { timeoutMs: 5_000 });
       await r.body.text();
@@ -367,6 +376,8 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
       admin,
       nodeToken,
       node,
+      schedulerToken,
+      scheduler,
       etcdUrl,
       dir,
       createNamespace: (name, labels = {}) =>

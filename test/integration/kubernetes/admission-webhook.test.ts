@@ -26,6 +26,7 @@ import {
   type KubeObject,
 } from "../../../src/lib/kube/index.js";
 import { startKubeApiServer } from "../../testkit/kube-apiserver.js";
+import { waitFor } from "../../testkit/client.js";
 import { repoRoot } from "../../testkit/index.js";
 import { startTestWebhook } from "../../testkit/kube-setup.js";
 
@@ -372,8 +373,30 @@ test("the admission webhook, called by a real kube-apiserver: reserved worker ac
     assert.equal(err.status, 403, err.message);
     assert.ok(err.message.includes(`TokenRequest for service account "${RESERVED}"`), err.message);
     assert.ok(err.message.includes("only the compute agent"), err.message);
-    const r = await k.node.create<KubeObject & { status: { token: string } }>(path, tokenRequest);
+    // a node may ask only for the accounts of pods bound to it (the Node authorizer), as a kubelet
+    // does: the agent's pod, bound to the node by the scheduler, the token bound to the pod
+    const pod = await agent.create(
+      kubePaths.pods(WORKERS),
+      KINDS[0].object("cp-token", { serviceAccountName: RESERVED }),
+    );
+    await k.scheduler.create(`${kubePaths.pods(WORKERS, "cp-token")}/binding`, {
+      apiVersion: "v1",
+      kind: "Binding",
+      metadata: { name: "cp-token" },
+      target: { apiVersion: "v1", kind: "Node", name: "test-node" },
+    });
+    const bound = {
+      ...tokenRequest,
+      spec: { boundObjectRef: { apiVersion: "v1", kind: "Pod", name: "cp-token", uid: pod.metadata!.uid } },
+    };
+    // (the authorizer's graph follows the binding a moment later)
+    const r = await waitFor(
+      "the node's TokenRequest",
+      () => k.node.create<KubeObject & { status: { token: string } }>(path, bound),
+      { timeoutMs: 15_000, intervalMs: 200 },
+    );
     assert.ok(r.status.token.split(".").length === 3, "a JWT");
+    await k.admin.delete(kubePaths.pods(WORKERS, "cp-token"), { gracePeriodSeconds: 0 });
     // another account's tokens are the webhook's business for no one
     const plain = await k.admin.create<KubeObject & { status: { token: string } }>(
       `${kubePaths.serviceAccounts(WORKERS, "plain")}/token`,
