@@ -2,26 +2,21 @@
 // it binds a pod as the scheduler would, mounts the pod's bound token, its Secret and an emptyDir,
 // runs its containers as local processes with the pod's environment, reports Running and Ready,
 // and on deletion stops the processes and makes the final delete. It authenticates as its node
-// alone (the harness's node token is also in system:masters, which would hide a missing
-// permission), so the Node authorizer decides which Secrets and tokens it may have; the binding
-// is made as system:kube-scheduler. Both identities come from a token webhook of the test's own.
+// alone (the harness's node user is in system:nodes only), so the Node authorizer decides which
+// Secrets and tokens it may have; the binding is made as the harness's system:kube-scheduler.
 import assert from "node:assert/strict";
-import { createHash, randomBytes } from "node:crypto";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
-import { createServer } from "node:https";
-import type { AddressInfo } from "node:net";
+import { createHash } from "node:crypto";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { test, type TestContext } from "node:test";
+import { test } from "node:test";
 import { kubePaths, type KubeError, type KubeObject } from "../../../src/lib/kube/index.js";
 import { waitFor } from "../../testkit/client.js";
 import { startKubeApiServer } from "../../testkit/kube-apiserver.js";
 import { distRoot, repoRoot } from "../../testkit/paths.js";
 import { running } from "../../testkit/proc.js";
-import { reverseScope, tmpDir } from "../../testkit/scope.js";
+import { reverseScope } from "../../testkit/scope.js";
 import { startTestKubelet } from "../../testkit/test-kubelet.js";
-import { testPki } from "../../testkit/tls.js";
 
-type Ctx = Pick<TestContext, "after">;
 const NS = "workers";
 const AUDIENCE = "nvcf-icms:test";
 
@@ -40,58 +35,6 @@ type Pod = KubeObject & {
   };
 };
 
-/**
- * A token authentication webhook (TokenReview) knowing two users: the node, in system:nodes only,
- * and the scheduler. Answers the API server's flags and the tokens.
- */
-async function identities(t: Ctx) {
-  const token = () => randomBytes(16).toString("hex");
-  const tokens = { node: token(), scheduler: token() };
-  const users: Record<string, { username: string; uid: string; groups: string[] }> = {
-    [tokens.node]: { username: "system:node:test-node", uid: "node", groups: ["system:nodes"] },
-    [tokens.scheduler]: { username: "system:kube-scheduler", uid: "scheduler", groups: [] },
-  };
-  const pki = await testPki();
-  const cert = await pki.issue(["127.0.0.1"]);
-  const server = createServer({ cert: cert.certPem, key: cert.keyPem }, (req, res) => {
-    let body = "";
-    req.on("data", (c: Buffer) => (body += c.toString()));
-    req.on("end", () => {
-      const review = JSON.parse(body) as {
-        apiVersion: string;
-        spec: { token: string; audiences?: string[] };
-      };
-      const user = users[review.spec.token];
-      const status = user
-        ? { authenticated: true, user, audiences: review.spec.audiences }
-        : { authenticated: false };
-      res.writeHead(200, { "content-type": "application/json" });
-      res.end(JSON.stringify({ apiVersion: review.apiVersion, kind: "TokenReview", status }));
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-  t.after(() => new Promise((r) => server.close(r)));
-  const config = join(tmpDir(t, "kubelet-auth-"), "webhook.kubeconfig");
-  const ca = Buffer.from(pki.ca.certPem).toString("base64");
-  const url = `https://127.0.0.1:${(server.address() as AddressInfo).port}/`;
-  writeFileSync(
-    config,
-    JSON.stringify({
-      apiVersion: "v1",
-      kind: "Config",
-      clusters: [{ name: "auth", cluster: { server: url, "certificate-authority-data": ca } }],
-      users: [{ name: "apiserver", user: {} }],
-      contexts: [{ name: "auth", context: { cluster: "auth", user: "apiserver" } }],
-      "current-context": "auth",
-    }),
-  );
-  const args = [
-    `--authentication-token-webhook-config-file=${config}`,
-    "--authentication-token-webhook-version=v1",
-  ];
-  return { args, tokens };
-}
-
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const getJson = async (url: string) => {
   const res = await fetch(url, { signal: AbortSignal.timeout(2000) });
@@ -102,13 +45,8 @@ const jwtPayload = (jwt: string) =>
 
 test("the test kubelet runs a pod's containers as processes, with its token, Secret and status", async (t) => {
   const scope = reverseScope(t); // what starts last stops first: the kubelet before the API server
-  const who = await identities(scope);
-  const kube = await startKubeApiServer(scope, { extraApiServerArgs: who.args });
-  const [admin, node, scheduler] = [
-    kube.admin,
-    kube.clientAs(who.tokens.node),
-    kube.clientAs(who.tokens.scheduler),
-  ];
+  const kube = await startKubeApiServer(scope);
+  const { admin, node, scheduler } = kube;
   await kube.createNamespace(NS);
   await kube.createServiceAccount(NS, "sa-p1");
   const secret = (name: string, data: Record<string, string>) => ({
