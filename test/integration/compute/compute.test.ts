@@ -24,6 +24,7 @@ import {
   tmpDir,
   type ApiFixture,
 } from "../../testkit/index.js";
+import { testInstanceEnv } from "../../testkit/compute.js";
 
 /**
  * Waits for a condition; these tests start whole process trees (two instances are four Node
@@ -107,23 +108,10 @@ test("compute agent, local backend (in process)", async (t) => {
     instanceNetwork: INSTANCE_NET,
     syncIntervalMs: 400,
     reporter: "compute-test",
-    instanceEnv: {
-      natsUrl: nats.url,
-      region: "local",
-      serviceDomain: "nvcf.svc.cluster.local",
-      dataDir,
-      keepAliveSeconds: 10,
-      inferenceIdleSeconds: 300,
-      ackWaitSeconds: 30,
-      streamMaxMessages: 1000,
-      streamMaxMessageBytes: 1024 * 1024,
-      streamReplicas: 1,
-      stopGraceMs: 5000,
-      restart: { initialMs: 500, maxMs: 2000 },
-      logLevel: "warn",
-      workerExtraEnv: {},
-      natsCaPem: nats.pki.ca.certPem,
-    },
+    instanceEnv: testInstanceEnv(
+      { natsUrl: nats.url, natsCaPem: nats.pki.ca.certPem, dataDir },
+      { region: "local", restart: { initialMs: 500, maxMs: 2000 }, logLevel: "warn" },
+    ),
     tokenSource: "api",
     local: { allowCommand: true },
   });

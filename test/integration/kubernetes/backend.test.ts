@@ -31,6 +31,7 @@ import { waitFor as poll } from "../../testkit/client.js";
 import { call, sampleFunction, startApi, type ApiFixture } from "../../testkit/index.js";
 import { startKubeApiServer, type KubeApiServer as Kube } from "../../testkit/kube-apiserver.js";
 import { lifo } from "../../testkit/proc.js";
+import { testInstanceEnv } from "../../testkit/compute.js";
 
 const waitFor = <T>(
   what: string,
@@ -142,23 +143,11 @@ function agentFor(
     syncIntervalMs: 300,
     reporter: `kubernetes-${CLUSTER}`,
     clusterId: CLUSTER,
-    instanceEnv: {
+    instanceEnv: testInstanceEnv({
       natsUrl: "tls://nats.callplane.svc:4222",
-      region: "test",
-      serviceDomain: "nvcf.svc.cluster.local",
-      dataDir: "/nonexistent",
-      keepAliveSeconds: 10,
-      inferenceIdleSeconds: 300,
-      ackWaitSeconds: 30,
-      streamMaxMessages: 1000,
-      streamMaxMessageBytes: 1024 * 1024,
-      streamReplicas: 1,
-      stopGraceMs: 5000,
-      restart: { initialMs: 300, maxMs: 1000 },
-      logLevel: "info",
-      workerExtraEnv: {},
       natsCaPem: "-----BEGIN CERTIFICATE-----\ntest\n-----END CERTIFICATE-----\n",
-    },
+      dataDir: "/nonexistent",
+    }),
     tokenSource: "psat",
     logger: logs.logger,
     kubernetes: {

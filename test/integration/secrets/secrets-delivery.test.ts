@@ -17,6 +17,7 @@ import { createInvocationService } from "../../../src/services/invocation/servic
 import { waitFor } from "../../testkit/client.js";
 import { lifo } from "../../testkit/proc.js";
 import { call, sampleDeployment, startApi, startNats, tmpDir } from "../../testkit/index.js";
+import { testInstanceEnv } from "../../testkit/compute.js";
 
 const sha = (v: string) => createHash("sha256").update(v).digest("hex");
 
@@ -44,23 +45,17 @@ test("an instance's inference server reads its function's secrets; an update rea
     instanceNetwork: "127.0.71.0/24",
     syncIntervalMs: 300,
     reporter: "delivery-test",
-    instanceEnv: {
-      natsUrl: nats.url,
-      region: "local",
-      serviceDomain: "nvcf.svc.cluster.local",
-      dataDir,
-      keepAliveSeconds: 10,
-      inferenceIdleSeconds: 300,
-      ackWaitSeconds: DEFAULT_QUEUE_LIMITS.ackWaitSeconds,
-      streamMaxMessages: DEFAULT_QUEUE_LIMITS.maxMessages,
-      streamMaxMessageBytes: DEFAULT_QUEUE_LIMITS.maxMessageBytes,
-      streamReplicas: 1,
-      stopGraceMs: 5000,
-      restart: { initialMs: 500, maxMs: 2000 },
-      logLevel: "warn",
-      workerExtraEnv: {},
-      natsCaPem: nats.pki.ca.certPem,
-    },
+    instanceEnv: testInstanceEnv(
+      { natsUrl: nats.url, natsCaPem: nats.pki.ca.certPem, dataDir },
+      {
+        region: "local",
+        ackWaitSeconds: DEFAULT_QUEUE_LIMITS.ackWaitSeconds,
+        streamMaxMessages: DEFAULT_QUEUE_LIMITS.maxMessages,
+        streamMaxMessageBytes: DEFAULT_QUEUE_LIMITS.maxMessageBytes,
+        restart: { initialMs: 500, maxMs: 2000 },
+        logLevel: "warn",
+      },
+    ),
     tokenSource: "api",
     secrets: { root, env: true },
   });

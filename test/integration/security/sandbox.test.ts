@@ -44,6 +44,7 @@ import {
   tmpDir,
   type ApiFixture,
 } from "../../testkit/index.js";
+import { testInstanceEnv } from "../../testkit/compute.js";
 
 interface CorpusEntry {
   name: string;
@@ -89,23 +90,10 @@ function agentFor(
     instanceNetwork: "127.0.81.0/24",
     syncIntervalMs: 300,
     reporter: "sandbox-test",
-    instanceEnv: {
-      natsUrl: nats.url,
-      region: "local",
-      serviceDomain: "nvcf.svc.cluster.local",
-      dataDir,
-      keepAliveSeconds: 10,
-      inferenceIdleSeconds: 300,
-      ackWaitSeconds: 30,
-      streamMaxMessages: 1000,
-      streamMaxMessageBytes: 1024 * 1024,
-      streamReplicas: 1,
-      stopGraceMs: 3000,
-      restart: { initialMs: 500, maxMs: 2000 },
-      logLevel: "warn",
-      workerExtraEnv: {},
-      natsCaPem: nats.pki.ca.certPem,
-    },
+    instanceEnv: testInstanceEnv(
+      { natsUrl: nats.url, natsCaPem: nats.pki.ca.certPem, dataDir },
+      { region: "local", stopGraceMs: 3000, restart: { initialMs: 500, maxMs: 2000 }, logLevel: "warn" },
+    ),
     tokenSource: "api",
     ...(local ? { local } : {}),
   });

@@ -19,28 +19,13 @@ import { call, tmpDir } from "../../testkit/index.js";
 import { startPlane } from "../../testkit/plane.js";
 import { lifo } from "../../testkit/proc.js";
 import { connectWithToken, startCallout } from "../../testkit/trust.js";
+import { testInstanceEnv } from "../../testkit/compute.js";
 
 const INSTANCE_NET = "127.0.33.0/24";
 const TTL = 8;
 
 function instanceEnv(plane: { nats: { url: string; pki: { ca: { certPem: string } } } }, dataDir: string) {
-  return {
-    natsUrl: plane.nats.url,
-    region: "test",
-    serviceDomain: "nvcf.svc.cluster.local",
-    dataDir,
-    keepAliveSeconds: 10,
-    inferenceIdleSeconds: 300,
-    ackWaitSeconds: 30,
-    streamMaxMessages: 1000,
-    streamMaxMessageBytes: 1024 * 1024,
-    streamReplicas: 1,
-    stopGraceMs: 5000,
-    restart: { initialMs: 300, maxMs: 1000 },
-    logLevel: "info",
-    workerExtraEnv: {},
-    natsCaPem: plane.nats.pki.ca.certPem,
-  };
+  return testInstanceEnv({ natsUrl: plane.nats.url, natsCaPem: plane.nats.pki.ca.certPem, dataDir });
 }
 
 test(
