@@ -85,6 +85,9 @@ export const ERROR_CODES = {
   NATS_ACCOUNT_REFUSED: { status: 403, kind: "user", title: "NATS account or plugin not served" },
   WORKER_AUTH_MODE_OFF: { status: 403, kind: "user", title: "Worker token mode is off" },
   IDENTITY_NOT_FOUND: { status: 404, kind: "user", title: "Worker identity not found" },
+  CLUSTER_KEYS_INVALID: { status: 400, kind: "user", title: "Cluster keys refused" },
+  CLUSTER_NOT_ENROLLED: { status: 403, kind: "user", title: "Cluster not enrolled" },
+  CLUSTER_PROOF_REFUSED: { status: 403, kind: "user", title: "Cluster proof refused" },
   // gRPC invocation (grpc-proxy) and its worker tunnel
   FUNCTION_ID_REQUIRED: { status: 400, kind: "user", title: "function-id metadata missing" },
   FUNCTION_NOT_GRPC: { status: 400, kind: "user", title: "Not a gRPC function" },
@@ -187,6 +190,9 @@ export const GRPC_STATUS: Record<ErrorCode, GrpcStatus> = {
   NATS_ACCOUNT_REFUSED: GRPC.PERMISSION_DENIED,
   WORKER_AUTH_MODE_OFF: GRPC.PERMISSION_DENIED,
   IDENTITY_NOT_FOUND: GRPC.NOT_FOUND,
+  CLUSTER_KEYS_INVALID: GRPC.INVALID_ARGUMENT,
+  CLUSTER_NOT_ENROLLED: GRPC.PERMISSION_DENIED,
+  CLUSTER_PROOF_REFUSED: GRPC.PERMISSION_DENIED,
   ADMISSION_REVIEW_INVALID: GRPC.INVALID_ARGUMENT,
 };
 

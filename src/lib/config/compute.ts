@@ -27,6 +27,15 @@ export const computeSection = section({
     gpuResource: z.string().min(1).default("nvidia.com/gpu"),
     unschedulableSeconds: seconds(300, 86_400),
     terminationGraceSeconds: z.number().int().min(1).max(86_400).default(120),
+    // the agent's own projected token, audience nvcf-icms:<clusterId>: where the cluster's issuer is
+    // read from, and the proof of the cluster with which it pushes the cluster's keys to the API.
+    // "": /var/run/secrets/callplane/identity/token (the rendered agent pod mounts it there)
+    identityTokenFile: z.string().default(""),
+    // how often the agent looks at the cluster's keys (pushed to the API only when they changed)
+    keysRefreshSeconds: seconds(60, 3600),
+    // an admin token (scope cluster-management) the agent uses only to enroll its cluster, when the
+    // API has no keys of it yet or refuses its proof; "": none (enroll with \`callplane clusters enroll\`)
+    enrollmentTokenFile: z.string().default(""),
     // empty: the instance types are found on the cluster's nodes (nvidia.com/gpu.product, .count)
     instanceTypes: z
       .array(
@@ -79,17 +88,9 @@ export function restartBackoffProblems(c: { compute: ComputeConfig }): string[] 
   return p;
 }
 
-/**
- * The token source fits the backend: pod tokens exist only in pods, API-signed files only locally.
- * And on Kubernetes, workers log in to NATS with the shared worker key until the plane verifies pod
- * tokens (a worker's pod token is not an identity the API issued, so token mode would refuse them all).
- */
-export function tokenSourceProblems(c: { compute: ComputeConfig; nats: { workerAuth: string } }): string[] {
+/** The token source fits the backend: pod tokens exist only in pods, API-signed files only locally. */
+export function tokenSourceProblems(c: { compute: ComputeConfig }): string[] {
   const { backend, workerIdentity } = c.compute;
-  if (backend === "kubernetes" && c.nats.workerAuth === "token")
-    return [
-      "nats.workerAuth is token, but compute.backend is kubernetes: the plane does not verify the workers' pod tokens yet, so no worker pod could log in to NATS; use nats.workerAuth: nkey (each pod gets the worker key from its own Secret)",
-    ];
   if (backend === "local" && workerIdentity.tokenSource === "psat")
     return [
       "compute.workerIdentity.tokenSource is psat, but compute.backend is local: projected pod tokens exist only on the kubernetes backend; leave it empty (or api)",

@@ -51,7 +51,13 @@ export const API_KEY_DEFAULT_SCOPES: readonly Scope[] = [
 /** Internal scopes held only by callplane's own services. */
 export const SERVICE_SCOPES = {
   invocation: ["internal:invocation-auth", "internal:introspect"],
-  compute: ["internal:deployments", "internal:instances", "internal:secrets", "internal:identities"],
+  compute: [
+    "internal:deployments",
+    "internal:instances",
+    "internal:secrets",
+    "internal:identities",
+    "internal:clusters",
+  ],
   "nats-auth-callout": ["internal:nats-auth", "internal:introspect"],
 } as const satisfies Record<string, readonly string[]>;
 export type ServiceName = keyof typeof SERVICE_SCOPES;
