@@ -3,5 +3,6 @@
 // (generated list)
 export * from "./admin-token.js";
 export * from "./credentials.js";
+export * from "./pod-token.js";
 export * from "./scopes.js";
 export * from "./worker-identity.js";
