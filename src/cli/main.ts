@@ -9,6 +9,7 @@ import { registerFunction } from "./commands/function.js";
 import { registerInit } from "./commands/init.js";
 import { registerInvoke } from "./commands/invoke.js";
 import { registerAccount } from "./commands/account.js";
+import { registerCluster } from "./commands/cluster.js";
 import { registerKey } from "./commands/key.js";
 import { registerNats } from "./commands/nats.js";
 import { registerPki } from "./commands/pki.js";
@@ -101,6 +102,7 @@ export function buildProgram(): Command {
   registerFunction(program);
   registerDeploy(program);
   registerKey(program);
+  registerCluster(program);
   registerAccount(program);
   registerInvoke(program);
   registerSecret(program);

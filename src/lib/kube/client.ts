@@ -78,6 +78,8 @@ export interface RequestOptions {
   query?: Record<string, string | number | boolean | undefined>;
   body?: unknown;
   contentType?: string;
+  /** What the answer may be (default application/json; 1.20's /openid/v1/jwks answers 406 to it and wants application/jwk-set+json). */
+  accept?: string;
   signal?: AbortSignal;
   /** Milliseconds to wait for the answer's headers (default 30 s; a watch sets its own). */
   timeoutMs?: number;
@@ -139,7 +141,7 @@ export class KubeClient {
   ): Promise<Dispatcher.ResponseData> {
     this.requests++;
     const token = this.bearer();
-    const headers: Record<string, string> = { accept: "application/json" };
+    const headers: Record<string, string> = { accept: o.accept ?? "application/json" };
     if (token) headers.authorization = `Bearer ${token}`;
     if (o.body !== undefined) headers["content-type"] = o.contentType ?? "application/json";
     return await request(this.url(path, o.query), {

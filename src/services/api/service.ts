@@ -84,7 +84,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     serviceTokens: opts.serviceTokens,
     defaultAccount: opts.ncaId ?? "callplane",
   });
-  const trust = new WorkerTrust(opts.workerTrust, logger);
+  const trust = new WorkerTrust(opts.workerTrust, opts.store, logger);
   const deps: ApiDeps = {
     store: opts.store,
     secrets: opts.secrets,

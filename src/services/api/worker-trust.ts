@@ -4,9 +4,10 @@
 //   invocation replicas need JetStream admin rights;
 // - what workers get to reach NATS (nats.workerAuth): the shared worker nkey in nkey mode, their
 //   account (NVCF_NATS_ACCOUNT) in token mode;
-// - per-worker identity: signs each instance's identity token for the compute agent, refreshes it,
-//   answers RFC 7662 introspection, revokes it when the instance is terminated and closes the NATS
-//   connections that logged in with it;
+// - per-worker identity: signs each instance's identity token for the compute agent (local backend),
+//   refreshes it; verifies the pod tokens of Kubernetes workers against their cluster's registered
+//   keys (pod-tokens.ts); answers RFC 7662 introspection for both; when an instance ends, revokes its
+//   identity and closes the NATS connections that logged in with it;
 // - the auth callout's webhook (POST /v2/nvcf/webhook/nats-auth): a worker token in, the user and
 //   permissions of one function version out (the token is checked by introspect() here).
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -20,8 +21,11 @@ import {
   type QueueLimits,
   WorkQueues,
 } from "../../lib/nats/index.js";
-import type { IdentitySigner, VerifiedIdentity } from "../../lib/identity/index.js";
+import { decodeJwt } from "jose";
+import { IDENTITY_ISSUER, type IdentitySigner, type VerifiedIdentity } from "../../lib/identity/index.js";
 import type { IdentityStore } from "./identity-store.js";
+import { PodTokens, type PodTokenIdentity, type WorkerTokenRefusal } from "./pod-tokens.js";
+import type { Store } from "./store/types.js";
 
 export type WorkerAuthMode = "nkey" | "token";
 
@@ -41,12 +45,29 @@ export interface WorkerTrustOptions {
 }
 
 export type Introspection =
-  | { active: false; reason: string; failure: "expired" | "invalid" | "revoked" }
-  | ({ active: true } & VerifiedIdentity);
+  | {
+      active: false;
+      reason: string;
+      failure: "expired" | "invalid" | "revoked";
+      kind: "api";
+      check?: undefined;
+    }
+  | ({ active: true; kind: "api" } & VerifiedIdentity)
+  | ({ kind: "pod" } & (WorkerTokenRefusal | PodTokenIdentity));
+
+/** Whether a token is one the API signed (a local instance's) rather than a cluster's pod token. */
+function signedByApi(token: string): boolean {
+  try {
+    return decodeJwt(token).iss === IDENTITY_ISSUER;
+  } catch {
+    return false;
+  }
+}
 
 export class WorkerTrust {
   readonly signer: IdentitySigner;
   readonly identities: IdentityStore;
+  readonly podTokens: PodTokens;
   private app: NatsConnection | undefined;
   private sys: NatsConnection | undefined;
   private queues: WorkQueues | undefined;
@@ -55,10 +76,12 @@ export class WorkerTrust {
 
   constructor(
     readonly opts: WorkerTrustOptions,
+    store: Store,
     private readonly logger: Logger,
   ) {
     this.signer = opts.identity.signer;
     this.identities = opts.identity.store;
+    this.podTokens = new PodTokens(store);
   }
 
   async start(): Promise<void> {
@@ -103,26 +126,30 @@ export class WorkerTrust {
     return { workerAuth: "nkey", env: seed ? { NKEY_SEED: seed } : {} };
   }
 
+  /**
+   * Who a worker token says the worker is: an identity the API signed (local instances), or a pod
+   * token its cluster signed (Kubernetes). Either is checked against the live instance it names.
+   */
   async introspect(token: string): Promise<Introspection> {
+    if (!signedByApi(token)) return { kind: "pod", ...(await this.podTokens.introspect(token)) };
     const v = await this.signer.verify(token);
-    if ("failure" in v)
-      return { active: false, failure: v.failure === "expired" ? "expired" : "invalid", reason: v.reason };
+    const refuse = (failure: "expired" | "invalid" | "revoked", reason: string): Introspection => ({
+      kind: "api",
+      active: false,
+      failure,
+      reason,
+    });
+    if ("failure" in v) return refuse(v.failure === "expired" ? "expired" : "invalid", v.reason);
     const rec = await this.identities.get(v.instanceId);
-    if (!rec)
-      return { active: false, failure: "invalid", reason: "no identity was issued for this instance" };
+    if (!rec) return refuse("invalid", "no identity was issued for this instance");
     if (rec.status === "REVOKED")
-      return {
-        active: false,
-        failure: "revoked",
-        reason: `the identity of instance ${v.instanceId} was revoked at ${rec.revokedAt} (${rec.revokedWhy ?? "revoked"})`,
-      };
+      return refuse(
+        "revoked",
+        `the identity of instance ${v.instanceId} was revoked at ${rec.revokedAt} (${rec.revokedWhy ?? "revoked"})`,
+      );
     if (rec.versionId !== v.functionVersionId)
-      return {
-        active: false,
-        failure: "invalid",
-        reason: "the token names another version than its instance",
-      };
-    return { active: true, ...v };
+      return refuse("invalid", "the token names another version than its instance");
+    return { kind: "api", active: true, ...v };
   }
 
   /**
@@ -134,12 +161,18 @@ export class WorkerTrust {
     const live = new Set(after.filter((i) => i.status !== "TERMINATED").map((i) => i.instanceId));
     this.lastReport.set(reporter, live);
     const gone = new Set([...before, ...after.map((i) => i.instanceId)].filter((id) => !live.has(id)));
-    for (const id of gone) await this.revoke(id, "instance terminated");
+    // a pod's worker has no identity the API issued, but its connections go as well: it was live
+    for (const id of gone) await this.revoke(id, "instance terminated", before.has(id));
   }
 
-  async revoke(instanceId: string, why: string): Promise<boolean> {
+  /**
+   * Revokes an instance's identity (one the API issued) and closes its workers' NATS connections:
+   * when an identity was revoked now, or when `wasLive` (a pod's worker, whose token the cluster
+   * signed: its instance's end is what refuses it from now on).
+   */
+  async revoke(instanceId: string, why: string, wasLive = false): Promise<boolean> {
     const was = await this.identities.revoke(instanceId, why, new Date().toISOString());
-    if (was) {
+    if (was || wasLive) {
       const kicked = await this.kick(instanceId).catch((err: unknown) => {
         this.logger.warn(
           { instanceId, err: (err as Error).message },

@@ -205,4 +205,24 @@ export const MIGRATIONS: readonly Migration[] = [
       ALTER TABLE instances ADD COLUMN worker_auth TEXT;
     `,
   },
+  {
+    version: 6,
+    part: "store",
+    name: "each cluster's service-account keys, each instance's worker subject",
+    // a cluster's key set is one JSON document replaced in one statement, as its instance types are:
+    // no replica verifies against half an old set. worker_sub is the pod service account a worker's
+    // token names (NULL for instances without a pod identity), indexed: a pod token is looked up by it.
+    sql: (t) => `
+      CREATE TABLE cluster_keys (
+        cluster_id  TEXT PRIMARY KEY,
+        issuer      TEXT NOT NULL,
+        jwks        TEXT NOT NULL,
+        jwks_hash   TEXT NOT NULL,
+        updated_by  TEXT NOT NULL,
+        updated_at  ${t.isoTime} NOT NULL
+      );
+      ALTER TABLE instances ADD COLUMN worker_sub TEXT;
+      CREATE INDEX instances_by_worker_sub ON instances(worker_sub);
+    `,
+  },
 ];

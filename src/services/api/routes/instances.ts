@@ -2,7 +2,7 @@
 // replaces the reporter's previous one, and the instances that went have their identities revoked.
 // Each live instance's worker identity is kept with it (Store.workerAuthOf), never a token.
 import { z } from "zod";
-import type { RequestContext, Router } from "../../../lib/http/index.js";
+import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { parseBody, safeText } from "../schemas.js";
 import type { WorkerAuth } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
@@ -78,13 +78,28 @@ async function reportInstances(deps: ApiDeps, { req, res }: RequestContext): Pro
   const body = parseBody(instanceReportSchema, await readJsonBody(deps, req));
   // a terminated instance's worker identity is dropped, as ICMS deletes it on a terminal update:
   // nothing may be checked against an instance that no longer runs
-  await deps.store.reportInstances(
+  const { refused } = await deps.store.reportInstances(
     body.reporter,
     body.instances.map(({ workerAuth, ...i }) => ({
       ...i,
       workerAuth: i.status === "TERMINATED" ? undefined : workerAuth,
     })),
   );
-  await deps.trust.onReport(body.reporter, body.instances);
-  res.writeHead(204).end();
+  if (refused.length)
+    deps.logger.warn(
+      { reporter: body.reporter, instanceIds: refused },
+      "a status report named instances another compute agent reports: they were left as that agent reported them",
+    );
+  await deps.trust.onReport(
+    body.reporter,
+    body.instances.filter((i) => !refused.includes(i.instanceId)),
+  );
+  if (refused.length)
+    sendJson(res, 200, {
+      refused: refused.map((instanceId) => ({
+        instanceId,
+        reason: "another compute agent reports this instance; an agent reports only the instances it runs",
+      })),
+    });
+  else res.writeHead(204).end();
 }

@@ -12,6 +12,7 @@ import { parseJsonBody, sendJson, type RequestContext, type Router } from "../..
 import { NATS_ACCOUNTS, tokenWorkerPermissions, type Permissions } from "../../../lib/nats/index.js";
 import { workerIdentifier } from "../../../lib/identity/index.js";
 import { parseBody } from "../schemas.js";
+import type { Introspection } from "../worker-trust.js";
 import { readRawBody, type ApiDeps } from "./deps.js";
 
 /** A JSON body (through the shared checks: UTF-8, depth), or null when there is none. */
@@ -28,7 +29,8 @@ const identityRequestSchema = z.strictObject({
 const webhookSchema = z.object({
   account: z.string(),
   pluginName: z.string(),
-  payload: z.string().max(16_384),
+  // larger than a pod token may be (16 KiB), so that the verifier refuses it with its reason, logged
+  payload: z.string().max(65_536),
 });
 
 export function addWorkerTrustRoutes(router: Router, deps: ApiDeps): void {
@@ -119,21 +121,55 @@ async function revokeIdentity(deps: ApiDeps, { req, res, params }: RequestContex
   sendJson(res, 200, { instanceId: params.iid, revoked, status: "REVOKED" });
 }
 
-// RFC 7662: the token as a form field (or JSON); the caller authenticates (a service token)
+/** Logs a refused worker token with its reason (the answer to the caller stays generic, as RFC 7662's). */
+function logRefusal(deps: ApiDeps, via: string, r: Introspection & { active: false }): void {
+  deps.logger.warn(
+    {
+      via,
+      tokenKind: r.kind,
+      failure: r.failure,
+      ...(r.check ? { check: r.check } : {}),
+      ...(r.kind === "pod" && r.clusterId ? { clusterId: r.clusterId } : {}),
+      ...(r.kind === "pod" && r.subject ? { sub: r.subject } : {}),
+      reason: r.reason,
+    },
+    "worker token refused",
+  );
+}
+
+// RFC 7662: the token as a form field (or JSON); the caller authenticates (a service token). A caller
+// that acts for a worker may name the version it claims (function_version_id, and function_id): a
+// token of another version's instance is then inactive (upstream's NVCF API took the claim on trust).
 async function introspectToken(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
   await deps.auth.authorize(req, "internal:introspect");
   const bytes = await readRawBody(deps, req);
   const raw = bytes.toString("utf8");
-  const token = /^\s*\{/.test(raw)
-    ? (parseJsonBody(bytes, { sensitive: true }) as { token?: unknown } | null)?.token
-    : new URLSearchParams(raw).get("token");
+  const fields: Record<string, unknown> = /^\s*\{/.test(raw)
+    ? ((parseJsonBody(bytes, { sensitive: true }) as Record<string, unknown> | null) ?? {})
+    : Object.fromEntries(new URLSearchParams(raw));
+  const { token } = fields;
   if (typeof token !== "string" || !token)
     throw new CallplaneError("VALIDATION_FAILED", "token: send the token to introspect (form field token)");
   const r = await deps.trust.introspect(token);
   if (!r.active) {
+    logRefusal(deps, "introspection", r);
     sendJson(res, 200, { active: false });
     return;
   }
+  for (const [field, value] of [
+    ["function_version_id", r.functionVersionId],
+    ["function_id", r.functionId],
+  ] as const)
+    if (fields[field] !== undefined && fields[field] !== value) {
+      logRefusal(deps, "introspection", {
+        kind: "api",
+        active: false,
+        failure: "invalid",
+        reason: `the caller claims ${field} ${JSON.stringify(fields[field])}, but the token's instance ${r.instanceId} runs ${value}`,
+      });
+      sendJson(res, 200, { active: false });
+      return;
+    }
   sendJson(res, 200, {
     active: true,
     sub: r.subject,
@@ -142,12 +178,13 @@ async function introspectToken(deps: ApiDeps, { req, res }: RequestContext): Pro
     exp: r.expiresAt,
     iat: r.issuedAt,
     jti: r.tokenId,
-    token_type: "worker_identity",
+    token_type: r.kind === "pod" ? "pod_service_account" : "worker_identity",
     instance_id: r.instanceId,
-    worker_id: workerIdentifier(r.instanceId),
+    worker_id: r.kind === "pod" ? r.subject.split(":").at(-1) : workerIdentifier(r.instanceId),
     function_id: r.functionId,
     function_version_id: r.functionVersionId,
     deployment_id: r.deploymentId,
+    ...(r.kind === "pod" ? { cluster_id: r.clusterId, pod_name: r.pod.name, pod_uid: r.pod.uid } : {}),
   });
 }
 
@@ -167,6 +204,7 @@ async function natsAuthWebhook(deps: ApiDeps, { req, res }: RequestContext): Pro
     );
   const r = await trust.introspect(body.payload);
   if (!r.active) {
+    logRefusal(deps, "nats-auth", r);
     const code =
       r.failure === "expired"
         ? "WORKER_TOKEN_EXPIRED"

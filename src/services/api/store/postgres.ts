@@ -8,6 +8,10 @@ import { inTransaction, numbered } from "../db/postgres.js";
 import {
   VERSION_SELECT,
   WORKER_AUTH_SELECT,
+  WORKER_BY_SUBJECT_SELECT,
+  clusterKeysFromRow,
+  type ClusterKeysRow,
+  workerSubColumn,
   accountFromRow,
   clusterFromRow,
   type ClusterRow,
@@ -188,13 +192,15 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
       );
     },
     async reportInstances(reporter, instances) {
+      const refused: string[] = [];
       await tx(async (t) => {
         await t("DELETE FROM instances WHERE reporter = ?", [reporter]);
         for (const i of instances) {
-          await t(
-            `INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, worker_auth, created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, updated_at = excluded.updated_at`,
+          const r = await t(
+            `INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, worker_auth, worker_sub, created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, worker_sub = excluded.worker_sub, updated_at = excluded.updated_at
+             WHERE instances.reporter = excluded.reporter`,
             [
               i.instanceId,
               reporter,
@@ -208,12 +214,15 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
               i.location,
               i.message ?? null,
               workerAuthColumn(i),
+              workerSubColumn(i),
               i.createdAt,
               i.updatedAt,
             ],
           );
+          if (r.rowCount === 0) refused.push(i.instanceId);
         }
       });
+      return { refused };
     },
     async listInstances(versionId) {
       const list =
@@ -227,6 +236,21 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
     async workerAuthOf(instanceId) {
       const r = await one<InstanceWorkerAuthRow>(WORKER_AUTH_SELECT, [instanceId]);
       return r && instanceWorkerAuthFromRow(r);
+    },
+    async workerAuthBySubject(sub) {
+      const r = await one<InstanceWorkerAuthRow>(WORKER_BY_SUBJECT_SELECT, [sub]);
+      return r && instanceWorkerAuthFromRow(r);
+    },
+    async clusterKeys(clusterId) {
+      const r = await one<ClusterKeysRow>("SELECT * FROM cluster_keys WHERE cluster_id = ?", [clusterId]);
+      return r && clusterKeysFromRow(r);
+    },
+    async setClusterKeys(k) {
+      await q(
+        `INSERT INTO cluster_keys (cluster_id, issuer, jwks, jwks_hash, updated_by, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+         ON CONFLICT (cluster_id) DO UPDATE SET issuer = excluded.issuer, jwks = excluded.jwks, jwks_hash = excluded.jwks_hash, updated_by = excluded.updated_by, updated_at = excluded.updated_at`,
+        [k.clusterId, k.issuer, JSON.stringify(k.jwks), k.jwksHash, k.updatedBy, k.updatedAt],
+      );
     },
     async registerCluster(c) {
       await q(

@@ -3,6 +3,7 @@
 import type {
   AccountRecord,
   ApiKeyRecord,
+  ClusterKeysRecord,
   ClusterRecord,
   InstanceType,
   InstanceWorkerAuth,
@@ -60,6 +61,14 @@ export interface ClusterRow {
   cluster_id: string;
   backend: ClusterRecord["backend"];
   instance_types: string;
+  updated_at: string;
+}
+export interface ClusterKeysRow {
+  cluster_id: string;
+  issuer: string;
+  jwks: string;
+  jwks_hash: string;
+  updated_by: string;
   updated_at: string;
 }
 export interface KeyRow {
@@ -126,9 +135,23 @@ export const clusterFromRow = (r: ClusterRow): ClusterRecord => ({
   instanceTypes: JSON.parse(r.instance_types) as InstanceType[],
   updatedAt: r.updated_at,
 });
+export const clusterKeysFromRow = (r: ClusterKeysRow): ClusterKeysRecord => ({
+  clusterId: r.cluster_id,
+  issuer: r.issuer,
+  jwks: JSON.parse(r.jwks) as ClusterKeysRecord["jwks"],
+  jwksHash: r.jwks_hash,
+  updatedBy: r.updated_by,
+  updatedAt: r.updated_at,
+});
 /** The one query workerAuthOf makes: a live instance that has a worker identity. */
 export const WORKER_AUTH_SELECT = `SELECT instance_id, reporter, status, function_id, version_id, deployment_id, worker_auth
   FROM instances WHERE instance_id = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL`;
+/** The one query workerAuthBySubject makes: the live instance whose pod service account is the subject. */
+export const WORKER_BY_SUBJECT_SELECT = `SELECT instance_id, reporter, status, function_id, version_id, deployment_id, worker_auth
+  FROM instances WHERE worker_sub = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL`;
+/** The pod service account of an instance's worker identity (worker_sub), or NULL. */
+export const workerSubColumn = (i: InstanceRecord): string | null =>
+  i.workerAuth && "sub" in i.workerAuth ? i.workerAuth.sub : null;
 /** The instance's worker identity as stored: JSON text, or NULL when none was reported. */
 export const workerAuthColumn = (i: InstanceRecord): string | null =>
   i.workerAuth ? JSON.stringify(i.workerAuth) : null;

@@ -8,6 +8,10 @@ import { openSqliteFile } from "../db/sqlite.js";
 import {
   VERSION_SELECT,
   WORKER_AUTH_SELECT,
+  WORKER_BY_SUBJECT_SELECT,
+  clusterKeysFromRow,
+  type ClusterKeysRow,
+  workerSubColumn,
   accountFromRow,
   clusterFromRow,
   type ClusterRow,
@@ -143,14 +147,25 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
     },
     async reportInstances(reporter, instances) {
       const upsert =
-        db.prepare(`INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, worker_auth, created_at, updated_at)
-        VALUES (@instanceId, @reporter, @deploymentId, @functionId, @versionId, @status, @instanceType, @gpu, @backend, @location, @message, @workerAuth, @createdAt, @updatedAt)
-        ON CONFLICT(instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, updated_at = excluded.updated_at`);
+        db.prepare(`INSERT INTO instances (instance_id, reporter, deployment_id, function_id, version_id, status, instance_type, gpu, backend, location, message, worker_auth, worker_sub, created_at, updated_at)
+        VALUES (@instanceId, @reporter, @deploymentId, @functionId, @versionId, @status, @instanceType, @gpu, @backend, @location, @message, @workerAuth, @workerSub, @createdAt, @updatedAt)
+        ON CONFLICT(instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, worker_sub = excluded.worker_sub, updated_at = excluded.updated_at
+        WHERE instances.reporter = excluded.reporter`);
+      const refused: string[] = [];
       db.transaction(() => {
         db.prepare("DELETE FROM instances WHERE reporter = ?").run(reporter);
-        for (const i of instances)
-          upsert.run({ ...i, reporter, message: i.message ?? null, workerAuth: workerAuthColumn(i) });
+        for (const i of instances) {
+          const r = upsert.run({
+            ...i,
+            reporter,
+            message: i.message ?? null,
+            workerAuth: workerAuthColumn(i),
+            workerSub: workerSubColumn(i),
+          });
+          if (r.changes === 0) refused.push(i.instanceId);
+        }
       })();
+      return { refused };
     },
     async listInstances(versionId) {
       const rows = (
@@ -163,6 +178,21 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
     async workerAuthOf(instanceId) {
       const r = db.prepare(WORKER_AUTH_SELECT).get(instanceId) as InstanceWorkerAuthRow | undefined;
       return r && instanceWorkerAuthFromRow(r);
+    },
+    async workerAuthBySubject(sub) {
+      const r = db.prepare(WORKER_BY_SUBJECT_SELECT).get(sub) as InstanceWorkerAuthRow | undefined;
+      return r && instanceWorkerAuthFromRow(r);
+    },
+    async clusterKeys(clusterId) {
+      const r = db.prepare("SELECT * FROM cluster_keys WHERE cluster_id = ?").get(clusterId) as
+        ClusterKeysRow | undefined;
+      return r && clusterKeysFromRow(r);
+    },
+    async setClusterKeys(k) {
+      db.prepare(
+        `INSERT INTO cluster_keys (cluster_id, issuer, jwks, jwks_hash, updated_by, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+         ON CONFLICT(cluster_id) DO UPDATE SET issuer = excluded.issuer, jwks = excluded.jwks, jwks_hash = excluded.jwks_hash, updated_by = excluded.updated_by, updated_at = excluded.updated_at`,
+      ).run(k.clusterId, k.issuer, JSON.stringify(k.jwks), k.jwksHash, k.updatedBy, k.updatedAt);
     },
     async registerCluster(c) {
       db.prepare(

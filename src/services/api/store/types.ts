@@ -1,6 +1,7 @@
 // The control plane's storage, behind one interface so that a replicated backend (PostgreSQL) can
 // stand in for the embedded SQLite one. Every method that writes more than one row is atomic: it
 // either changes everything it says or nothing.
+import type { Jwks } from "../../../lib/identity/pod-token.js";
 import type { InstanceStatus } from "../../../lib/instance-status.js";
 
 export type { InstanceStatus };
@@ -97,6 +98,19 @@ export interface InstanceWorkerAuth {
   workerAuth: WorkerAuth;
 }
 
+/** The keys a cluster signs its service-account tokens with, as registered (PUT .../clusters/{id}/keys). */
+export interface ClusterKeysRecord {
+  clusterId: string;
+  /** The cluster's service-account issuer: a pod token's iss must equal it. */
+  issuer: string;
+  jwks: Jwks;
+  /** Canonical hash of jwks: tells a push that changed nothing from one that did. */
+  jwksHash: string;
+  /** Who registered them: `admin:<subject>` (an enrollment) or `agent:<subject of its proof>`. */
+  updatedBy: string;
+  updatedAt: string;
+}
+
 /** One instance type a cluster offers: NVCF's (gpu, instanceType) pair, and how many GPUs it has. */
 export interface InstanceType {
   name: string;
@@ -168,19 +182,29 @@ export interface Store {
   getDeploymentById(deploymentId: string): Promise<DeploymentRecord | undefined>;
   listDeployments(): Promise<DeploymentRecord[]>;
 
-  /** Replaces what one reporter (a compute agent) says about the instances of its deployments. */
-  reportInstances(reporter: string, instances: InstanceRecord[]): Promise<void>;
+  /**
+   * Replaces what one reporter (a compute agent) says about the instances of its deployments. An
+   * instance another reporter reported is left as it is: no agent rewrites another's instances (or
+   * their worker identities): the ids of those are returned, refused.
+   */
+  reportInstances(reporter: string, instances: InstanceRecord[]): Promise<{ refused: string[] }>;
   listInstances(versionId?: string): Promise<InstanceRecord[]>;
   /**
    * The worker identity last reported for a live instance; undefined when the instance is not
    * reported, is TERMINATED, or was reported without one.
    */
   workerAuthOf(instanceId: string): Promise<InstanceWorkerAuth | undefined>;
+  /** The live instance whose pod service account is `sub` (what a pod token names), if any. */
+  workerAuthBySubject(sub: string): Promise<InstanceWorkerAuth | undefined>;
 
   /** Registers a cluster's instance types, replacing what it registered before. */
   registerCluster(c: ClusterRecord): Promise<void>;
   /** Every registered cluster, by id. */
   listClusters(): Promise<ClusterRecord[]>;
+  /** A cluster's registered service-account keys; undefined until it is enrolled. */
+  clusterKeys(clusterId: string): Promise<ClusterKeysRecord | undefined>;
+  /** Registers (replaces) a cluster's keys. */
+  setClusterKeys(r: ClusterKeysRecord): Promise<void>;
 
   createApiKey(k: ApiKeyRecord): Promise<void>;
   getApiKeyByHash(hash: string): Promise<ApiKeyRecord | undefined>;

@@ -1,0 +1,210 @@
+// Workers on the Kubernetes backend prove who they are with their pod's projected token, which their
+// cluster signed. This module is the API's side of that (issue 21; upstream's ICMS verifier with the
+// gaps its review found closed):
+// - each cluster's keys, as its compute agent (or an admin) registered them, cached briefly so that a
+//   login costs no query for them; a token signed by a key the cache does not hold looks again at
+//   once (a rotation pushed to another replica is seen without waiting for the cache);
+// - a worker's token checked against them (lib/identity/pod-token.ts: size, audience, algorithm,
+//   signature, issuer, times, the worker's account and pod), then against the live instance its
+//   compute agent reported: the same service account (sub and uid, which upstream stored but never
+//   compared), the same pod (name and uid), reported by that cluster's agent. The instance is looked
+//   up on every login, never cached: an instance's end refuses its worker at once on every replica.
+// - the proof an agent gives when it pushes new keys: its own token, verified by the keys on record.
+import { createHash } from "node:crypto";
+import {
+  clusterAudience,
+  verifyClusterToken,
+  WORKER_ACCOUNT_PREFIX,
+  workerOf,
+  type ClusterKeys,
+  type ClusterTokenClaims,
+  type PodTokenFailure,
+} from "../../lib/identity/index.js";
+import type { Store } from "./store/types.js";
+
+/** A refusal, with why (logged) and how it is reported (the webhook's error code). */
+export interface WorkerTokenRefusal {
+  active: false;
+  failure: "expired" | "invalid" | "revoked";
+  reason: string;
+  /** The pod-token check that refused it (a verification failure, or the instance check). */
+  check: PodTokenFailure | "instance";
+  clusterId?: string;
+  subject?: string;
+}
+
+export interface PodTokenIdentity {
+  active: true;
+  instanceId: string;
+  functionId: string;
+  functionVersionId: string;
+  deploymentId: string;
+  subject: string;
+  audience: string;
+  issuer: string;
+  tokenId: string;
+  issuedAt: number;
+  expiresAt: number;
+  clusterId: string;
+  pod: { name: string; uid: string };
+}
+
+/** The compute agent of a Kubernetes cluster reports its instances as this reporter. */
+export const clusterReporter = (clusterId: string) => `kubernetes-${clusterId}`;
+
+/** How long a replica trusts the key set it read (a rotation elsewhere is seen at the next unknown kid anyway). */
+const KEYS_CACHE_MS = 5_000;
+/** An unknown kid reads the keys again, at most this often per cluster (a flood of forged kids costs one query a second). */
+const KEYS_RELOAD_MIN_MS = 1_000;
+/** Verified tokens remembered (only the crypto is spared: the instance is checked on every login). */
+const VERIFIED_MAX = 10_000;
+
+interface CachedKeys {
+  keys: ClusterKeys | undefined;
+  readAt: number;
+}
+
+export class PodTokens {
+  private readonly keys = new Map<string, CachedKeys>();
+  private readonly verified = new Map<string, ClusterTokenClaims>();
+
+  constructor(
+    private readonly store: Store,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  /** A pushed key set replaces the cached one now (this replica), not after the cache's life. */
+  forget(clusterId: string): void {
+    this.keys.delete(clusterId);
+    for (const [h, c] of this.verified) if (c.clusterId === clusterId) this.verified.delete(h);
+  }
+
+  private async keysOf(clusterId: string, fresh = false): Promise<ClusterKeys | undefined> {
+    const c = this.keys.get(clusterId);
+    if (c && !fresh && this.now() - c.readAt < KEYS_CACHE_MS) return c.keys;
+    if (c && fresh && this.now() - c.readAt < KEYS_RELOAD_MIN_MS) return c.keys;
+    const r = await this.store.clusterKeys(clusterId);
+    const keys = r && { clusterId, issuer: r.issuer, jwks: r.jwks };
+    this.keys.set(clusterId, { keys, readAt: this.now() });
+    return keys;
+  }
+
+  /** Verifies a token of a cluster (signature, audience, issuer, times), reading the keys again once for an unknown key. */
+  async verify(token: string): Promise<{ ok: true; claims: ClusterTokenClaims } | WorkerTokenRefusal> {
+    const hash = createHash("sha256").update(token).digest("base64url");
+    const seen = this.verified.get(hash);
+    if (seen && seen.expiresAt * 1000 > this.now()) return { ok: true, claims: seen };
+    let r = await verifyClusterToken(token, (id) => this.keysOf(id), { now: this.now() });
+    if (!r.ok && (r.failure === "signature" || r.failure === "issuer" || r.failure === "unknown-cluster"))
+      r = await verifyClusterToken(token, (id) => this.keysOf(id, true), { now: this.now() });
+    if (!r.ok)
+      return {
+        active: false,
+        failure: r.failure === "expired" ? "expired" : "invalid",
+        reason: r.reason,
+        check: r.failure,
+        ...(r.clusterId ? { clusterId: r.clusterId } : {}),
+      };
+    if (this.verified.size >= VERIFIED_MAX) this.sweep();
+    this.verified.set(hash, r.claims);
+    return r;
+  }
+
+  private sweep(): void {
+    const now = this.now();
+    for (const [h, c] of this.verified) if (c.expiresAt * 1000 <= now) this.verified.delete(h);
+    // still full of live tokens: forget the oldest half (a Map iterates in insertion order)
+    if (this.verified.size >= VERIFIED_MAX)
+      for (const h of [...this.verified.keys()].slice(0, VERIFIED_MAX / 2)) this.verified.delete(h);
+  }
+
+  /** A worker's pod token: who it is, checked against the live instance its cluster's agent reported. */
+  async introspect(token: string): Promise<PodTokenIdentity | WorkerTokenRefusal> {
+    const v = await this.verify(token);
+    if (!("ok" in v)) return v;
+    const c = v.claims;
+    const w = workerOf(c);
+    if (!w.ok)
+      return {
+        active: false,
+        failure: "invalid",
+        reason: w.reason,
+        check: w.failure,
+        clusterId: c.clusterId,
+        subject: c.subject,
+      };
+    const worker = w.worker;
+    const refuse = (
+      reason: string,
+      failure: WorkerTokenRefusal["failure"] = "invalid",
+    ): WorkerTokenRefusal => ({
+      active: false,
+      failure,
+      reason,
+      check: "instance",
+      clusterId: c.clusterId,
+      subject: c.subject,
+    });
+    const inst = await this.store.workerAuthBySubject(worker.subject);
+    if (!inst)
+      return refuse(
+        `no live instance has the service account ${worker.subject}: its pod was deleted, its instance ended, or the compute agent has not reported it yet`,
+        "revoked",
+      );
+    const auth = inst.workerAuth;
+    if (inst.reporter !== clusterReporter(c.clusterId))
+      return refuse(
+        `instance ${inst.instanceId} was reported by ${inst.reporter}, not by the compute agent of cluster ${c.clusterId} whose key signed the token`,
+      );
+    if (!("sub" in auth)) return refuse(`instance ${inst.instanceId} has no pod identity`);
+    if (auth.saUid !== worker.serviceAccount.uid)
+      return refuse(
+        `the token's service account ${worker.serviceAccount.name} has uid ${worker.serviceAccount.uid}, not ${auth.saUid} of instance ${inst.instanceId}: the account was deleted and made again under the same name`,
+      );
+    if (!auth.workerIdentifiers.some((p) => p.name === worker.pod.name && p.uid === worker.pod.uid))
+      return refuse(
+        `the token is bound to pod ${worker.pod.name} (uid ${worker.pod.uid}), which is not the pod of instance ${inst.instanceId}: the pod was deleted and made again, or the token belongs to another pod`,
+        "revoked",
+      );
+    return {
+      active: true,
+      instanceId: inst.instanceId,
+      functionId: inst.functionId,
+      functionVersionId: inst.versionId,
+      deploymentId: inst.deploymentId,
+      subject: worker.subject,
+      audience: clusterAudience(c.clusterId),
+      issuer: c.issuer,
+      tokenId: createHash("sha256").update(token).digest("base64url").slice(0, 22),
+      issuedAt: c.issuedAt ?? 0,
+      expiresAt: c.expiresAt,
+      clusterId: c.clusterId,
+      pod: worker.pod,
+    };
+  }
+
+  /**
+   * An agent's proof of its cluster, for a key push: one of `proofs` verifies against the keys on
+   * record and is not a worker's token (a worker pod must not re-key its cluster). The subject of the
+   * proof that passed, or the reason each was refused.
+   */
+  async proveCluster(
+    clusterId: string,
+    proofs: readonly string[],
+  ): Promise<{ ok: true; subject: string } | { ok: false; reasons: string[] }> {
+    const reasons: string[] = [];
+    for (const [i, proof] of proofs.entries()) {
+      const r = await verifyClusterToken(proof, (id) => this.keysOf(id, true), { now: this.now() });
+      if (!r.ok) reasons.push(`proof ${i}: ${r.reason}`);
+      else if (r.claims.clusterId !== clusterId)
+        reasons.push(`proof ${i}: a token of cluster ${r.claims.clusterId}, not of ${clusterId}`);
+      else if (r.claims.subject.split(":").at(-1)?.startsWith(WORKER_ACCOUNT_PREFIX))
+        reasons.push(
+          `proof ${i}: a worker's token (${r.claims.subject}); only the compute agent may push its cluster's keys`,
+        );
+      else return { ok: true, subject: r.claims.subject };
+    }
+    if (!proofs.length) reasons.push("no proof was sent (proofs: the agent's own projected token)");
+    return { ok: false, reasons };
+  }
+}
