@@ -164,6 +164,35 @@ void test("split plane: three replicas of each front door, pod DNS names, budget
   assert.ok(has(kube, "RoleBinding", "compute-agent"));
 });
 
+void test("the compute agent's own identity token: projected for nvcf-icms:<clusterId> on kubernetes only", (t) => {
+  type AgentPod = {
+    volumes: Array<{ name: string; projected?: unknown }>;
+    containers: Array<{ volumeMounts: Array<{ name: string; mountPath: string; readOnly?: boolean }> }>;
+  };
+  const agentPod = (r: RenderResult) =>
+    (find(r, "Deployment", "compute-agent").spec as { template: { spec: AgentPod } }).template.spec;
+  const kube = agentPod(
+    renderDoc(t, {
+      compute: { backend: "kubernetes", workerIdentity: { clusterId: "east-1" } },
+      kubernetes: { image: "registry.example.com/callplane:0.1.0" },
+    }),
+  );
+  assert.deepEqual(kube.volumes.find((v) => v.name === "identity-token")?.projected, {
+    sources: [
+      { serviceAccountToken: { audience: "nvcf-icms:east-1", expirationSeconds: 3600, path: "token" } },
+    ],
+  });
+  assert.deepEqual(
+    kube.containers[0].volumeMounts.find((m) => m.name === "identity-token"),
+    // compute.kubernetes.identityTokenFile's default is <this>/token (cluster-keys.test.ts)
+    { name: "identity-token", mountPath: "/var/run/secrets/callplane/identity", readOnly: true },
+  );
+  // the local agent never talks to the API server: no token of it reaches its pod
+  const local = agentPod(renderExample("split-plane"));
+  assert.ok(!local.volumes.some((v) => v.name === "identity-token"));
+  assert.ok(!local.containers[0].volumeMounts.some((m) => m.name === "identity-token"));
+});
+
 void test("no Secret is rendered; each one the pods reference is listed by name", () => {
   for (const name of EXAMPLES) {
     const r = renderExample(name);

@@ -1,8 +1,10 @@
 // 40-compute.yaml: the compute agent, one pod; with compute.backend kubernetes, the Role in the
 // workers' namespace that lets it run function instances there as pods (each with its own service
 // account, role, binding and Secrets), and the ClusterRole that lets it read the nodes (the
-// cluster's instance types). With the local backend the agent never calls the API server, so it
-// gets no permission at all.
+// cluster's instance types); and the agent's own projected token (audience
+// nvcf-icms:<clusterId>), from which it finds the cluster's issuer and with which it proves the
+// cluster when it registers the cluster's keys with the API. With the local backend the agent never
+// calls the API server, so it gets no permission and no token at all.
 import {
   ClusterRole,
   ClusterRoleBinding,
@@ -39,6 +41,17 @@ export const COMPUTE_AGENT_CLUSTER_RULES = [
   { apiGroups: [""], resources: ["nodes"], verbs: ["list", "watch"] },
 ] as const satisfies readonly IPolicyRule[];
 
+/**
+ * Where the agent's identity token is mounted: compute.kubernetes.identityTokenFile's default is
+ * `<this>/token` (services/compute/kubernetes/cluster-keys.ts; a test checks they agree).
+ */
+export const AGENT_IDENTITY_DIR = "/var/run/secrets/callplane/identity";
+/**
+ * Its life: the kubelet renews it at 80 %, and the agent keeps the token before as a second proof
+ * while it lives, so a key rotation the agent had no look at for up to this long still proves.
+ */
+export const AGENT_IDENTITY_SECONDS = 3600;
+
 const rules = (list: readonly IPolicyRule[]): IPolicyRule[] =>
   list.map((r) => ({
     apiGroups: [...(r.apiGroups ?? [])],
@@ -57,6 +70,23 @@ export function renderCompute(k: RenderContext): K8sObject[] {
     // the local backend hands its workers the CA of the proxy's certificate when it is the stack's
     volumes.push(tlsVolume("frontend-ca", TLS_SECRETS.proxyFrontend, ["tls.crt"]));
     mounts.push({ name: "frontend-ca", mountPath: MOUNTS.proxyFrontend, readOnly: true });
+  }
+  if (k.kubeBackend) {
+    volumes.push({
+      name: "identity-token",
+      projected: {
+        sources: [
+          {
+            serviceAccountToken: {
+              audience: `nvcf-icms:${c.compute.workerIdentity.clusterId}`,
+              expirationSeconds: AGENT_IDENTITY_SECONDS,
+              path: "token",
+            },
+          },
+        ],
+      },
+    });
+    mounts.push({ name: "identity-token", mountPath: AGENT_IDENTITY_DIR, readOnly: true });
   }
   const spec = podSpec(
     k,

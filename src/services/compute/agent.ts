@@ -19,6 +19,7 @@ import { identityProvider, type TokenSource } from "./identity.js";
 import { InstanceTable } from "./instance-table.js";
 import { InstanceTypeRegistration } from "./instance-types.js";
 import { KubernetesBackend } from "./kubernetes/backend.js";
+import type { ClusterKeysSettings } from "./kubernetes/cluster-keys.js";
 import type { ClusterInstanceType } from "./kubernetes/instance-types.js";
 import type { PodInstance } from "./kubernetes/pod-instance.js";
 import { LocalBackend } from "./local-backend.js";
@@ -73,6 +74,8 @@ export interface KubernetesAgentOptions extends CommonAgentOptions {
     instanceTypes: readonly ClusterInstanceType[];
     /** How long stopping waits for a deleted pod to go, beyond its grace (30 s by default). */
     deleteWaitMs?: number;
+    /** The cluster's keys, registered with the API while the agent runs (main.ts always sets it). */
+    clusterKeys?: ClusterKeysSettings;
   };
 }
 
@@ -112,6 +115,7 @@ export function createComputeAgent(
       worker: opts.instanceEnv,
       restart: opts.instanceEnv.restart,
       ...(k.deleteWaitMs !== undefined ? { deleteWaitMs: k.deleteWaitMs } : {}),
+      ...(k.clusterKeys ? { clusterKeys: k.clusterKeys } : {}),
       api,
       logger,
     });

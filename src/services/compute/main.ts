@@ -39,9 +39,8 @@ function kubernetesSettings(config: Config) {
     throw new Error(
       "kubernetes.image is empty: on the kubernetes compute backend every pod runs the worker from the callplane image; set kubernetes.image in the environment file (the image `callplane render` deploys)",
     );
-  const client = new KubeClient(
-    kubeConnection({ server: k.apiServer, caFile: k.caFile, tokenFile: k.tokenFile }),
-  );
+  const connection = kubeConnection({ server: k.apiServer, caFile: k.caFile, tokenFile: k.tokenFile });
+  const client = new KubeClient(connection);
   return {
     client,
     namespace: config.kubernetes.workerNamespace,
@@ -50,6 +49,13 @@ function kubernetesSettings(config: Config) {
     unschedulableSeconds: k.unschedulableSeconds,
     terminationGraceSeconds: k.terminationGraceSeconds,
     instanceTypes: k.instanceTypes,
+    // the cluster's issuer and keys, registered with the API so that it verifies pods' tokens
+    clusterKeys: {
+      identityTokenFile: k.identityTokenFile,
+      refreshMs: k.keysRefreshSeconds * 1000,
+      enrollmentTokenFile: k.enrollmentTokenFile,
+      caPem: connection.caPem,
+    },
   };
 }
 

@@ -3,7 +3,9 @@
 // the API's sync; the cluster is watched, never polled: one list-then-watch over this agent's pods
 // (managed-by and cluster labels) hands each change to its instance by the instance-id label. Pods
 // outlive the agent: at start it adopts the pods it finds (the first sync keeps the wanted ones)
-// and deletes identity objects whose pod never came (an agent killed mid-provisioning).
+// and deletes identity objects whose pod never came (an agent killed mid-provisioning). While it
+// runs it keeps the cluster's service-account keys registered with the API (cluster-keys.ts), which
+// verifies its pods' tokens against them.
 import {
   isNotFound,
   kubePaths,
@@ -18,6 +20,7 @@ import { defaultInstanceCount, type ComputeBackend, type DeploymentSpec } from "
 import type { DesiredDeployment } from "../deployment.js";
 import type { InstanceTypeOffer } from "../instance-types.js";
 import type { WorkerSettings } from "../worker-env.js";
+import { ClusterKeysPublisher, type ClusterKeysSettings } from "./cluster-keys.js";
 import { FirstList } from "./first-list.js";
 import { ClusterInstanceTypes, type ClusterInstanceType } from "./instance-types.js";
 import { deploymentOfPod, PodInstance, type PodContext } from "./pod-instance.js";
@@ -42,6 +45,11 @@ export interface KubernetesBackendOptions {
   restart: { initialMs: number; maxMs: number };
   /** How long stopping waits for a deleted pod to go, beyond its grace (30 s by default). */
   deleteWaitMs?: number;
+  /**
+   * Registration of the cluster's keys (compute.kubernetes.identityTokenFile, keysRefreshSeconds,
+   * enrollmentTokenFile). Absent: the cluster is not registered (tests of the pods alone).
+   */
+  clusterKeys?: ClusterKeysSettings;
   api: ComputeApiClient;
   logger: Logger;
 }
@@ -60,9 +68,20 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
   private adopted = false;
   /** The stray pods being deleted (by name). */
   private readonly straysDeleting = new Set<string>();
+  /** Keeps the cluster's keys registered with the API (when configured). */
+  readonly clusterKeys: ClusterKeysPublisher | undefined;
 
   constructor(private readonly opts: KubernetesBackendOptions) {
     this.types = new ClusterInstanceTypes(opts.client, opts.instanceTypes, opts.logger);
+    this.clusterKeys = opts.clusterKeys
+      ? new ClusterKeysPublisher({
+          ...opts.clusterKeys,
+          clusterId: opts.clusterId,
+          kube: opts.client,
+          api: opts.api,
+          logger: opts.logger,
+        })
+      : undefined;
     this.ctx = {
       client: opts.client,
       namespace: opts.namespace,
@@ -117,6 +136,9 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
    */
   async prepare(onChange: () => void): Promise<PodInstance[]> {
     const { client, namespace, clusterId, logger } = this.opts;
+    // first: the registration runs beside everything else (its first look goes before the first
+    // report), and pods adopted now get their tokens verified as soon as it lands
+    this.clusterKeys?.start();
     this.types.start((t) => {
       this.offered = t;
       this.publish?.(t);
@@ -164,6 +186,7 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
     } catch (err) {
       this.watch.stop();
       this.types.stop();
+      await this.clusterKeys?.stop();
       throw err;
     }
     adopting = false;
@@ -298,10 +321,13 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
     }
   }
 
-  /** Stops watching; provisionings under way are undone; the pods stay (the next start adopts them). */
+  /**
+   * Stops watching and registering keys (a push under way is aborted); provisionings under way are
+   * undone; the pods stay (the next start adopts them).
+   */
   async dispose(): Promise<void> {
     this.watch?.stop();
     this.types.stop();
-    await Promise.all([...this.byId.values()].map((i) => i.release()));
+    await Promise.all([...[...this.byId.values()].map((i) => i.release()), this.clusterKeys?.stop()]);
   }
 }
