@@ -34,7 +34,7 @@ export const computeSection = section({
     // how often the agent looks at the cluster's keys (pushed to the API only when they changed)
     keysRefreshSeconds: seconds(60, 3600),
     // an admin token (scope cluster-management) the agent uses only to enroll its cluster, when the
-    // API has no keys of it yet or refuses its proof; "": none (enroll with \`callplane clusters enroll\`)
+    // API has no keys of it yet or refuses its proof; "": none (enroll with \`callplane cluster enroll\`)
     enrollmentTokenFile: z.string().default(""),
     // empty: the instance types are found on the cluster's nodes (nvidia.com/gpu.product, .count)
     instanceTypes: z

@@ -150,6 +150,7 @@ function runAgent<I extends ComputeInstance>(
     backend: backend.name,
     instances,
     registry,
+    logger,
   });
   const reconciler = new Reconciler({
     api,

@@ -93,8 +93,14 @@ export class ComputeApiClient {
   }
 
   /** Replaces every instance this reporter reported before. */
-  async putInstances(body: { reporter: string; instances: unknown[] }): Promise<void> {
-    await this.call("PUT", "/v1/internal/instances", body);
+  /** Replaces every instance this reporter reported before; names those another agent reports (left as they were). */
+  async putInstances(body: {
+    reporter: string;
+    instances: unknown[];
+  }): Promise<{ refused: Array<{ instanceId: string; reason: string }> }> {
+    const r = (await this.call("PUT", "/v1/internal/instances", body)) as
+      { refused?: Array<{ instanceId: string; reason: string }> } | undefined;
+    return { refused: r?.refused ?? [] };
   }
 
   async secrets(functionId: string, versionId: string): Promise<FetchedSecrets> {

@@ -1,6 +1,7 @@
 // Status reporting: the agent's instances, as one snapshot that replaces its previous report at the
 // API (PUT /v1/internal/instances), so that `callplane deploy get` shows them; and the instances
 // gauge, by status.
+import type { Logger } from "../../lib/log.js";
 import { Gauge, type Registry } from "../../lib/metrics.js";
 import type { ComputeApiClient } from "./api-client.js";
 import type { ComputeInstance } from "./backend.js";
@@ -14,6 +15,7 @@ export interface StatusReporterDeps<I extends ComputeInstance> {
   backend: string;
   instances: InstanceTable<I>;
   registry: Registry;
+  logger: Logger;
 }
 
 export class StatusReporter<I extends ComputeInstance> {
@@ -21,6 +23,8 @@ export class StatusReporter<I extends ComputeInstance> {
   dirty = false;
   private readonly gauge: Gauge;
   private reporting: Promise<void> = Promise.resolve();
+  /** The instances the API last refused (another agent reports them), so each refusal is logged once. */
+  private refused = "";
 
   constructor(private readonly deps: StatusReporterDeps<I>) {
     this.gauge = new Gauge({
@@ -45,7 +49,7 @@ export class StatusReporter<I extends ComputeInstance> {
     const all = this.deps.instances.takeSnapshot();
     for (const s of ["STARTING", "ACTIVE", "ERRORED"] as const)
       this.gauge.set({ status: s }, all.filter((i) => i.status === s).length);
-    await this.deps.api.putInstances({
+    const { refused } = await this.deps.api.putInstances({
       reporter: this.deps.reporter,
       instances: all.map((i) => ({
         instanceId: i.instanceId,
@@ -63,5 +67,12 @@ export class StatusReporter<I extends ComputeInstance> {
         updatedAt: i.updatedAt,
       })),
     });
+    const ids = refused.map((r) => r.instanceId).join(",");
+    if (ids && ids !== this.refused)
+      this.deps.logger.warn(
+        { reporter: this.deps.reporter, refused },
+        "the API kept instances another compute agent reports as that agent reported them: two agents share this reporter's instances (is compute.reporter or compute.workerIdentity.clusterId the same on two agents?)",
+      );
+    this.refused = ids;
   }
 }

@@ -355,7 +355,7 @@ test("cluster keys: found from the agent's own token, pushed when they change, w
       const warnings = logs.warnings();
       assert.equal(warnings.length, 1);
       assert.match(warnings[0].msg, /no keys of cluster c1 yet \(CLUSTER_NOT_ENROLLED\)/);
-      assert.match(warnings[0].msg, /callplane clusters enroll c1/);
+      assert.match(warnings[0].msg, /callplane cluster enroll c1/);
       assert.match(warnings[0].msg, /compute\.kubernetes\.enrollmentTokenFile/);
       // the next look tries again (nothing was accepted), and does not warn twice
       assert.equal((await p.look()).outcome, "failed");

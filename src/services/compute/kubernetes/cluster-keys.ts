@@ -13,7 +13,7 @@
 //
 // A look never throws: the agent runs on without registration (workers' tokens of a new key fail
 // until it lands), and the next look tries again.
-import { createHash } from "node:crypto";
+import { jwksHash, type Jwks as VerifiedJwks } from "../../../lib/identity/index.js";
 import type { KubeClient } from "../../../lib/kube/index.js";
 import type { Logger } from "../../../lib/log.js";
 import { ComputeApiError, type ClusterKeysAnswer, type ComputeApiClient } from "../api-client.js";
@@ -69,29 +69,8 @@ export type KeysLook =
   | { outcome: "unchanged"; issuer: string; keyIds: string[]; via: KeysSource }
   | { outcome: "failed"; reason: string; code?: string };
 
-/**
- * The set's identity regardless of order and formatting: sha256 of its keys, each with its members
- * sorted, sorted by kid. (The lead switches this to lib/identity/pod-token.ts's jwksHash.)
- */
-function jwksHash(jwks: Jwks): string {
-  const canonical = (v: unknown): string => {
-    if (Array.isArray(v)) return `[${v.map(canonical).join(",")}]`;
-    if (v && typeof v === "object")
-      return `{${Object.keys(v)
-        .sort()
-        .map((k) => `${JSON.stringify(k)}:${canonical((v as Record<string, unknown>)[k])}`)
-        .join(",")}}`;
-    return JSON.stringify(v);
-  };
-  const keys = jwks.keys
-    .map((k) => ({ kid: k.kid ?? "", text: canonical(k) }))
-    .sort((a, b) =>
-      a.kid < b.kid ? -1 : a.kid > b.kid ? 1 : a.text < b.text ? -1 : a.text > b.text ? 1 : 0,
-    );
-  return createHash("sha256")
-    .update(`[${keys.map((k) => k.text).join(",")}]`)
-    .digest("hex");
-}
+/** The set's identity regardless of order and formatting (the API hashes what it registers the same way). */
+const setHash = (jwks: Jwks): string => jwksHash(jwks as unknown as VerifiedJwks);
 
 const keyIdsOf = (jwks: Jwks): string[] => jwks.keys.map((k) => k.kid ?? "");
 
@@ -205,7 +184,7 @@ export class ClusterKeysPublisher {
       );
     else this.warned.delete("kid");
 
-    const hash = jwksHash(found.jwks);
+    const hash = setHash(found.jwks);
     if (this.accepted?.hash === hash && this.accepted.issuer === found.issuer) {
       logger.debug({ clusterId, issuer: found.issuer, keyIds, via: found.via }, "cluster keys unchanged");
       return { outcome: "unchanged", issuer: found.issuer, keyIds, via: found.via };
@@ -275,7 +254,7 @@ export class ClusterKeysPublisher {
       refusal.code === "CLUSTER_NOT_ENROLLED"
         ? `the API has no keys of cluster ${id} yet (CLUSTER_NOT_ENROLLED), and takes the first ones only from an admin`
         : `the API refused the agent's proof for cluster ${id} (CLUSTER_PROOF_REFUSED: its keys changed while they were not pushed)`;
-    return `${why}: workers' pod tokens of this cluster do not verify until an admin enrolls it: run \`callplane clusters enroll ${id}\`, or give the agent an admin token (scope cluster-management) in compute.kubernetes.enrollmentTokenFile; retrying at the next look (${refusal.message})`;
+    return `${why}: workers' pod tokens of this cluster do not verify until an admin enrolls it: run \`callplane cluster enroll ${id}\`, or give the agent an admin token (scope cluster-management) in compute.kubernetes.enrollmentTokenFile; retrying at the next look (${refusal.message})`;
   }
 
   private pushed(
