@@ -6,13 +6,20 @@
 // (anonymously, as managed clusters publish them). Binaries: CALLPLANE_KUBE_BIN (else
 // ~/.cache/callplane/kubernetes-1.20.2/bin, made by scripts/ensure-kubernetes.sh) and
 // CALLPLANE_ETCD (else /usr/bin/etcd).
+//
+// The signing key can be rotated while the control plane runs, as an operator does it
+// (rotateServiceAccountKey): a new key, kube-apiserver restarted on the same port and etcd with the
+// new key signing and the old and new keys both accepted (or the new one alone). serviceAccountKeyIds
+// reads the key set the API server publishes; reviewToken asks it (TokenReview) whether a token is
+// still accepted. Clients made before a restart keep working: undici opens new connections.
 import { spawn, type ChildProcess } from "node:child_process";
-import { createPublicKey, randomBytes } from "node:crypto";
+import { createHash, createPublicKey, generateKeyPairSync, randomBytes } from "node:crypto";
 import { accessSync, constants, existsSync, mkdtempSync, writeFileSync } from "node:fs";
 import { homedir, tmpdir } from "node:os";
 import { join } from "node:path";
 import type { TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
+import { request } from "undici";
 import { KubeClient, KubeError, kubePaths, type KubeObject } from "../../src/lib/kube/index.js";
 import { freePort } from "./plane.js";
 import { removeDir } from "./scope.js";
@@ -68,8 +75,37 @@ export interface KubeApiServer {
   writeTokenFile(token: string): string;
   /** Creates each object in its collection (found by discovery); never throws for one object. */
   apply(objects: KubeObject[], opts?: { dryRun?: boolean }): Promise<ApplyResult[]>;
+  /**
+   * Rotates the service-account signing key as an operator does: a new key of the kind the harness
+   * starts with (ECDSA P-256, so ES256 tokens), written to the folder; kube-apiserver stopped and
+   * started again on the same port and etcd with the same flags, except
+   * --service-account-signing-key-file (the new key) and --service-account-key-file, given once per
+   * key it accepts: those accepted until now and the new one (keepOld, the default), or the new one
+   * alone (keepOld false: tokens signed before are refused from then on). Resolves with the new
+   * key's kid once /readyz answers 200. Clients made before keep working (undici reconnects), but a
+   * request in flight during the restart fails, and a watch sees an error and resumes. Rotations run
+   * one after the other. kube-controller-manager keeps its --service-account-private-key-file: it
+   * signs only legacy Secret tokens, and its tokens controller is not among those the harness runs.
+   */
+  rotateServiceAccountKey(opts?: { keepOld?: boolean }): Promise<string>;
+  /** The kid of the key signing new tokens now (kube-apiserver's: base64url(sha256(DER SPKI))). */
+  signingKeyId(): string;
+  /**
+   * The kids in the key set the API server publishes (/openid/v1/jwks, asked with Accept
+   * application/jwk-set+json: 1.20 answers 406 to application/json).
+   */
+  serviceAccountKeyIds(): Promise<string[]>;
+  /**
+   * A TokenReview as admin: whether the API server accepts `token` now, for `audiences` (default:
+   * the API server's own); `error` is the server's reason when it does not.
+   */
+  reviewToken(
+    token: string,
+    audiences?: string[],
+  ): Promise<{ authenticated: boolean; username?: string; audiences?: string[]; error?: string }>;
   /** The last lines each process wrote (for a failing test's message). */
   logs(): Record<string, string>;
+  /** Stops every process it runs (the kube-apiserver started last, after rotations). */
   stop(): Promise<void>;
 }
 
@@ -111,9 +147,10 @@ interface Proc {
   tail: () => string;
 }
 
-function startProcess(name: string, bin: string, args: string[]): Proc {
+/** `history`: what an earlier run of the same process wrote (kept in its tail, cut first). */
+function startProcess(name: string, bin: string, args: string[], history = ""): Proc {
   const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
+  let out = history;
   const keep = (d: Buffer) => (out = (out + d.toString()).slice(-16_384));
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
@@ -142,6 +179,18 @@ async function waitUntil(what: string, p: Proc, probe: () => Promise<boolean>, m
     if (Date.now() > deadline) throw new Error(`${p.name}: no ${what} after ${ms} ms:\n${p.tail()}`);
     await sleep(100);
   }
+}
+
+/** A service-account key as kube-apiserver names it: base64url(sha256(the DER SubjectPublicKeyInfo)). */
+export function serviceAccountKeyId(keyPem: string): string {
+  const der = createPublicKey(keyPem).export({ type: "spki", format: "der" });
+  return createHash("sha256").update(der).digest("base64url");
+}
+
+interface SigningKey {
+  kid: string;
+  keyFile: string;
+  pubFile: string;
 }
 
 // Used when discovery does not know a kind (yet): the plurals of the kinds callplane renders.
@@ -192,8 +241,10 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
   let stopped: Promise<void> | undefined;
   const stop = () =>
     (stopped ??= (async () => {
-      await Promise.all(clients.map((c) => c.close().catch(() => undefined)));
+      // closing waits for requests in flight: a watch a test left open ends when kube-apiserver does
+      const closed = Promise.all(clients.map((c) => c.close().catch(() => undefined)));
       for (const p of [...procs].reverse()) await stopProcess(p);
+      await closed;
       process.off("exit", killAll);
       removeDir(dir);
     })());
@@ -227,18 +278,20 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
       cert: join(dir, "apiserver.crt"),
       key: join(dir, "apiserver.key"),
       saKey: join(dir, "sa.key"),
-      saPub: join(dir, "sa.pub"),
       tokens: join(dir, "tokens.csv"),
       kubeconfig: join(dir, "admin.kubeconfig"),
     };
     writeFileSync(files.ca, pki.ca.certPem);
     writeFileSync(files.cert, serving.certPem);
     writeFileSync(files.key, serving.keyPem, { mode: 0o600 });
-    writeFileSync(files.saKey, signer.keyPem, { mode: 0o600 });
-    writeFileSync(
-      files.saPub,
-      createPublicKey(signer.keyPem).export({ type: "spki", format: "pem" }).toString(),
-    );
+    const writeSigningKey = (keyPem: string, keyFile: string): SigningKey => {
+      const pubFile = keyFile.replace(/\.key$/, ".pub");
+      writeFileSync(keyFile, keyPem, { mode: 0o600 });
+      writeFileSync(pubFile, createPublicKey(keyPem).export({ type: "spki", format: "pem" }).toString());
+      return { kid: serviceAccountKeyId(keyPem), keyFile, pubFile };
+    };
+    let signing = writeSigningKey(signer.keyPem, files.saKey);
+    let accepted = [signing];
     const adminToken = randomBytes(24).toString("hex");
     const nodeToken = randomBytes(24).toString("hex");
     const schedulerToken = randomBytes(24).toString("hex");
@@ -255,7 +308,7 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
       return r.ok && ((await r.json()) as { health?: string }).health === "true";
     });
 
-    const a = startProcess("kube-apiserver", join(bin, "kube-apiserver"), [
+    const apiServerArgs = () => [
       `--etcd-servers=${etcdUrl}`,
       `--bind-address=${host}`,
       `--advertise-address=${host}`,
@@ -271,15 +324,17 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
       "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,ValidatingAdmissionWebhook",
       `--service-account-issuer=${issuer}`,
       `--service-account-jwks-uri=${issuer}/openid/v1/jwks`,
-      `--service-account-key-file=${files.saPub}`,
-      `--service-account-signing-key-file=${files.saKey}`,
+      // repeatable in 1.20: a token verifies if any of these keys verifies it
+      ...accepted.map((k) => `--service-account-key-file=${k.pubFile}`),
+      `--service-account-signing-key-file=${signing.keyFile}`,
       `--api-audiences=${issuer}`,
       "--service-cluster-ip-range=10.96.0.0/16",
       "--profiling=false",
       "--v=0",
       ...(opts.extraApiServerArgs ?? []),
-    ]);
-    procs.push(a);
+    ];
+    let apiServer = startProcess("kube-apiserver", join(bin, "kube-apiserver"), apiServerArgs());
+    procs.push(apiServer);
 
     const clientAs = (token: string) => {
       const c = new KubeClient({ server: url, caPem: pki.ca.certPem, token });
@@ -289,11 +344,13 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
     const admin = clientAs(adminToken);
     const node = clientAs(nodeToken);
     const scheduler = clientAs(schedulerToken);
-    await waitUntil("/readyz", a, async () => {
-      const r = await admin.send("GET", "/readyz", { timeoutMs: 5_000 });
-      await r.body.text();
-      return r.statusCode === 200;
-    });
+    const ready = (p: Proc) =>
+      waitUntil("/readyz", p, async () => {
+        const r = await admin.send("GET", "/readyz", { timeoutMs: 5_000 });
+        await r.body.text();
+        return r.statusCode === 200;
+      });
+    await ready(apiServer);
     // managed clusters publish discovery and keys; in 1.20 only service accounts may read them
     await admin.create(kubePaths.cluster("rbac.authorization.k8s.io", "v1", "clusterrolebindings"), {
       apiVersion: "rbac.authorization.k8s.io/v1",
@@ -365,6 +422,37 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
       const found = kinds.get(kind) ?? PLURALS[kind];
       if (!found) throw new Error(`no resource for ${apiVersion} ${kind}`);
       return found;
+    };
+
+    let rotations = 0;
+    let rotating: Promise<unknown> = Promise.resolve();
+    const rotate = async (keepOld: boolean) => {
+      const { privateKey } = generateKeyPairSync("ec", { namedCurve: "P-256" });
+      const keyPem = privateKey.export({ type: "pkcs8", format: "pem" }).toString();
+      const key = writeSigningKey(keyPem, join(dir, `sa-${++rotations}.key`));
+      [signing, accepted] = [key, keepOld ? [...accepted, key] : [key]];
+      const old = apiServer;
+      await stopProcess(old);
+      // stop() began meanwhile: it has passed (or is stopping) the old process; start none behind it
+      if (stopped) throw new Error("kube-apiserver: the harness stopped during a key rotation");
+      apiServer = startProcess(
+        "kube-apiserver",
+        join(bin, "kube-apiserver"),
+        apiServerArgs(),
+        `${old.tail()}\n`,
+      );
+      procs[procs.indexOf(old)] = apiServer;
+      await ready(apiServer);
+      return key.kid;
+    };
+    const jwks = async () => {
+      const res = await request(`${url}/openid/v1/jwks`, {
+        dispatcher: admin.dispatcher,
+        headers: { accept: "application/jwk-set+json" },
+      });
+      const text = await res.body.text();
+      if (res.statusCode !== 200) throw new Error(`GET /openid/v1/jwks: ${res.statusCode} ${text}`);
+      return JSON.parse(text) as { keys: Array<{ kid: string }> };
     };
 
     return {
@@ -441,6 +529,36 @@ export async function startKubeApiServer(t: Ctx, opts: KubeApiServerOptions = {}
           }
         }
         return results;
+      },
+      rotateServiceAccountKey(o = {}) {
+        const next = rotating.catch(() => undefined).then(() => rotate(o.keepOld ?? true));
+        rotating = next;
+        return next;
+      },
+      signingKeyId: () => signing.kid,
+      serviceAccountKeyIds: async () => (await jwks()).keys.map((k) => k.kid),
+      async reviewToken(token, audiences) {
+        const review = await admin.create<
+          KubeObject & {
+            status: {
+              authenticated?: boolean;
+              user?: { username?: string };
+              audiences?: string[];
+              error?: string;
+            };
+          }
+        >(kubePaths.cluster("authentication.k8s.io", "v1", "tokenreviews"), {
+          apiVersion: "authentication.k8s.io/v1",
+          kind: "TokenReview",
+          spec: { token, ...(audiences ? { audiences } : {}) },
+        });
+        const st = review.status;
+        return {
+          authenticated: st.authenticated === true,
+          ...(st.user?.username ? { username: st.user.username } : {}),
+          ...(st.audiences ? { audiences: st.audiences } : {}),
+          ...(st.error ? { error: st.error } : {}),
+        };
       },
       logs: () => Object.fromEntries(procs.map((p) => [p.name, p.tail()])),
       stop,

@@ -8,7 +8,8 @@
 //     pod that does not fit stays Pending with PodScheduled=False, reason Unschedulable;
 //   - gives each pod a loopback address of its own (host n of podNetwork) and a folder holding its
 //     volumes: projected service-account tokens from a TokenRequest bound to the pod (renewed at
-//     80% of their life), Secrets (rewritten when the watched Secret changes), emptyDirs;
+//     80% of their life, or at once by renewTokens(), e.g. after a signing-key rotation), Secrets
+//     (rewritten when the watched Secret changes), emptyDirs;
 //   - runs each container as a local process: `images` maps an image to a command; a container whose
 //     command is `node /app/...` (the callplane image) runs `process.execPath <repoRoot>/...`; any
 //     other image waits with ErrImagePull. The environment is built as a kubelet builds it (envFrom
@@ -105,6 +106,14 @@ export interface TestKubelet {
   logDir: string;
   /** The pods it runs (admitted to the node and not yet gone). */
   pods(): TestKubeletPod[];
+  /**
+   * Requests every projected service-account token of the pods it runs (not those terminating)
+   * again now, as the kubelet does at 80 % of a token's life, and resolves once each file holds its
+   * new token: after the API server's signing key was rotated, the files hold tokens of the new key
+   * without waiting for the renewal. Each file's renewal timer is set again from the new token.
+   * Rejects with the first TokenRequest that failed (that file is retried in 5 s, as a renewal is).
+   */
+  renewTokens(): Promise<void>;
   /** Kills every container and stops watching; pod objects stay as they are. */
   stop(): Promise<void>;
 }
@@ -143,9 +152,22 @@ interface PodRun {
   terminating: boolean;
   deleted: boolean;
   timers: NodeJS.Timeout[];
+  /** Projected token files, by path. */
+  tokens: Map<string, ProjectedToken>;
   secrets: Set<string>;
   transitions: Map<string, { status: string; at: string }>;
   sent: string;
+}
+
+/** One projected token file of a pod. */
+interface ProjectedToken {
+  /** Requests the token now and writes it; resolves once the file holds the newest token asked for. */
+  refresh(): Promise<void>;
+  /** The renewal at 80 % of the token's life (or the retry after a failed request). */
+  timer?: NodeJS.Timeout;
+  /** Requests made so far: only the latest one writes the file. */
+  seq: number;
+  current?: Promise<void>;
 }
 
 interface SecretEntry {
@@ -335,27 +357,49 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
     if (s.data === undefined) throw new Error(`secret "${name}" not readable`);
     return s.data;
   };
-  const requestToken = async (pod: Pod, run: PodRun, file: string, audience?: string, seconds = 3600) => {
-    const tr = await client.create<KubeObject & { status: { token: string; expirationTimestamp: string } }>(
-      `${kubePaths.serviceAccounts(ns, pod.spec?.serviceAccountName ?? "default")}/token`,
-      {
-        apiVersion: "authentication.k8s.io/v1",
-        kind: "TokenRequest",
-        spec: {
-          audiences: audience ? [audience] : [], // none: the API server's own
-          expirationSeconds: seconds,
-          boundObjectRef: { kind: "Pod", apiVersion: "v1", name: run.name, uid: run.uid },
-        },
-      },
-    );
-    writeAtomic(file, tr.status.token);
-    const renew = () =>
-      void requestToken(pod, run, file, audience, seconds).catch((e: Error) => {
-        log(`renewing the token of ${run.name}: ${e.message}`);
-        if (!run.deleted) run.timers.push(setTimeout(renew, 5000).unref());
-      });
-    const life = Date.parse(tr.status.expirationTimestamp) - Date.now();
-    run.timers.push(setTimeout(renew, Math.max(life * 0.8, 1000)).unref());
+  /**
+   * Requests the projected token for `file` and writes it; the file's one renewal timer is set again
+   * each time (a mount that is retried, or renewTokens, replaces it: no second timer).
+   */
+  const requestToken = (pod: Pod, run: PodRun, file: string, audience?: string, seconds = 3600) => {
+    let tok = run.tokens.get(file);
+    if (!tok) {
+      const entry: ProjectedToken = { seq: 0, refresh: () => Promise.resolve() };
+      const renew = () =>
+        void entry.refresh().catch((e: Error) => log(`renewing the token of ${run.name}: ${e.message}`));
+      const once = async (mine: number): Promise<void> => {
+        let tr: KubeObject & { status: { token: string; expirationTimestamp: string } };
+        try {
+          tr = await client.create(
+            `${kubePaths.serviceAccounts(ns, pod.spec?.serviceAccountName ?? "default")}/token`,
+            {
+              apiVersion: "authentication.k8s.io/v1",
+              kind: "TokenRequest",
+              spec: {
+                audiences: audience ? [audience] : [], // none: the API server's own
+                expirationSeconds: seconds,
+                boundObjectRef: { kind: "Pod", apiVersion: "v1", name: run.name, uid: run.uid },
+              },
+            },
+          );
+        } catch (err) {
+          if (mine === entry.seq && !run.deleted && !stopped) entry.timer = setTimeout(renew, 5000).unref();
+          throw err;
+        }
+        // a later request is under way: its token is the newer one, and the file waits for it
+        if (mine !== entry.seq) return entry.current;
+        if (run.deleted || stopped) return;
+        writeAtomic(file, tr.status.token);
+        const life = Date.parse(tr.status.expirationTimestamp) - Date.now();
+        entry.timer = setTimeout(renew, Math.max(life * 0.8, 1000)).unref();
+      };
+      entry.refresh = () => {
+        clearTimeout(entry.timer);
+        return (entry.current = once(++entry.seq));
+      };
+      run.tokens.set(file, (tok = entry));
+    }
+    return tok.refresh();
   };
   const mount = async (pod: Pod, run: PodRun) => {
     for (const v of pod.spec?.volumes ?? []) {
@@ -604,6 +648,7 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
       terminating: false,
       deleted: false,
       timers: [],
+      tokens: new Map(),
       secrets: new Set(),
       transitions: new Map(),
       sent: "",
@@ -622,6 +667,7 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
   const teardown = async (run: PodRun) => {
     run.deleted = true;
     for (const tm of run.timers) clearTimeout(tm);
+    for (const tok of run.tokens.values()) clearTimeout(tok.timer);
     await kill(run, 0);
     for (const name of run.secrets) {
       const s = secrets.get(name);
@@ -733,7 +779,10 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
       watch.stop();
       clearInterval(heartbeats);
       for (const s of secrets.values()) s.watch.stop();
-      for (const run of runs.values()) for (const tm of run.timers) clearTimeout(tm);
+      for (const run of runs.values()) {
+        for (const tm of run.timers) clearTimeout(tm);
+        for (const tok of run.tokens.values()) clearTimeout(tok.timer);
+      }
       await Promise.all([...runs.values()].map((run) => kill(run, 2000)));
       process.off("exit", killAll);
       removeDir(root);
@@ -753,6 +802,10 @@ export async function startTestKubelet(t: Ctx, o: TestKubeletOptions): Promise<T
         restarts: Object.fromEntries(run.ctrs.map((c) => [c.spec.name, c.restarts])),
         ready: run.ctrs.every(isReady),
       })),
+    async renewTokens() {
+      const live = [...runs.values()].filter((run) => !run.terminating && !run.deleted);
+      await Promise.all(live.flatMap((run) => [...run.tokens.values()].map((tok) => tok.refresh())));
+    },
     stop,
   };
 }

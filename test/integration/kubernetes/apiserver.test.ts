@@ -1,7 +1,11 @@
 // The Kubernetes harness itself: a real kube-apiserver 1.20.2 (with etcd and the controller
 // manager) answers as the compute backend, the webhook and the worker identity tests expect. One
-// control plane for the whole file: starting one takes seconds.
+// control plane for the whole file: starting one takes seconds. Its last two steps rotate the
+// service-account signing key (each a restart of kube-apiserver): first keeping the old key, then
+// dropping it.
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
@@ -10,9 +14,10 @@ import {
   KubeError,
   isNotFound,
   kubePaths,
+  watchCollection,
   type KubeObject,
 } from "../../../src/lib/kube/index.js";
-import { KUBE_VERSION, startKubeApiServer } from "../../testkit/kube-apiserver.js";
+import { KUBE_VERSION, serviceAccountKeyId, startKubeApiServer } from "../../testkit/kube-apiserver.js";
 
 const payloadOf = (jwt: string) =>
   JSON.parse(Buffer.from(jwt.split(".")[1], "base64url").toString()) as Record<string, unknown>;
@@ -42,6 +47,7 @@ test("the Kubernetes harness: a real API server, tokens, discovery, RBAC and gar
   };
   let created: KubeObject = {};
   let token = "";
+  let tokens: { before: string; after: string; audiences: string[] } | undefined;
 
   await t.test("it is version 1.20.2, on loopback", async () => {
     assert.match(k.url, /^https:\/\/127\.0\.0\.1:\d+$/);
@@ -140,4 +146,77 @@ test("the Kubernetes harness: a real API server, tokens, discovery, RBAC and gar
     // the account without an owner stays
     await k.admin.get(kubePaths.serviceAccounts(ns, "worker"));
   });
+
+  await t.test("the signing key rotated, the old one kept: both keys published and accepted", async (tt) => {
+    // a pod for the tokens to be bound to (no kubelet: the object is enough for a TokenReview)
+    const [r] = await k.apply([{ ...pod, metadata: { name: "p3", namespace: ns } }]);
+    const boundPod = { name: "p3", uid: r.object!.metadata!.uid! };
+    const audiences = ["nvcf-icms:local"];
+    const before = await k.tokenFor(ns, "worker", { audiences, boundPod });
+    const oldKid = k.signingKeyId();
+    assert.equal(headerOf(before).kid, oldKid);
+    assert.deepEqual(await k.serviceAccountKeyIds(), [oldKid]);
+    assert.equal((await k.reviewToken(before, audiences)).authenticated, true);
+    // the harness's kid is kube-apiserver's: base64url(sha256(DER SPKI)) of the signing key
+    assert.equal(oldKid, serviceAccountKeyId(readFileSync(join(k.dir, "sa.key"), "utf8")));
+
+    // clients and a watch made before the restart
+    const anonymous = new KubeClient({ server: k.issuer, caPem: k.caPem });
+    tt.after(() => anonymous.close());
+    await anonymous.request("GET", "/.well-known/openid-configuration");
+    const seen: string[] = [];
+    const watch = watchCollection(
+      k.admin,
+      kubePaths.namespaced("", "v1", "configmaps", ns),
+      {},
+      { onList: () => undefined, onEvent: (type, o) => seen.push(`${type} ${o.metadata?.name}`) },
+    );
+    tt.after(() => watch.stop());
+    await watch.synced;
+
+    const newKid = await k.rotateServiceAccountKey();
+    assert.notEqual(newKid, oldKid);
+    assert.equal(k.signingKeyId(), newKid);
+    assert.deepEqual((await k.serviceAccountKeyIds()).sort(), [oldKid, newKid].sort());
+
+    const review = await k.reviewToken(before, audiences);
+    assert.equal(review.authenticated, true, review.error);
+    assert.equal(review.username, `system:serviceaccount:${ns}:worker`);
+    const after = await k.tokenFor(ns, "worker", { audiences, boundPod });
+    assert.equal(headerOf(after).kid, newKid);
+    assert.equal(headerOf(after).alg, headerOf(before).alg);
+    assert.equal((await k.reviewToken(after, audiences)).authenticated, true);
+
+    // what was made before the restart works after it: the clients, and the watch resumed
+    await anonymous.request("GET", "/.well-known/openid-configuration");
+    await k.admin.create(kubePaths.namespaced("", "v1", "configmaps", ns), {
+      apiVersion: "v1",
+      kind: "ConfigMap",
+      metadata: { name: "after-rotation" },
+    });
+    await eventually("the watch sees the ConfigMap", () =>
+      Promise.resolve(seen.includes("ADDED after-rotation")),
+    );
+    tokens = { before, after, audiences };
+  });
+
+  await t.test(
+    "the signing key rotated, the old one dropped: tokens of the old keys are refused",
+    async () => {
+      assert.ok(tokens, "the step before made tokens");
+      const newest = await k.rotateServiceAccountKey({ keepOld: false });
+      assert.deepEqual(await k.serviceAccountKeyIds(), [newest]);
+      for (const [which, token] of [
+        ["the first key's", tokens.before],
+        ["the second key's", tokens.after],
+      ] as const) {
+        const review = await k.reviewToken(token, tokens.audiences);
+        assert.equal(review.authenticated, false, `${which} token`);
+        assert.ok(review.error, `${which} token: a reason`);
+      }
+      const fresh = await k.tokenFor(ns, "worker", { audiences: tokens.audiences });
+      assert.equal(headerOf(fresh).kid, newest);
+      assert.equal((await k.reviewToken(fresh, tokens.audiences)).authenticated, true);
+    },
+  );
 });

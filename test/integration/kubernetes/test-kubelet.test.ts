@@ -4,6 +4,9 @@
 // and on deletion stops the processes and makes the final delete. It authenticates as its node
 // alone (the harness's node user is in system:nodes only), so the Node authorizer decides which
 // Secrets and tokens it may have; the binding is made as the harness's system:kube-scheduler.
+// Midway the API server's signing key is rotated (one restart of kube-apiserver) while the pod runs:
+// renewTokens() puts a token of the new key in the pod's file, and the rest of the test runs on
+// against the restarted server.
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
@@ -42,6 +45,8 @@ const getJson = async (url: string) => {
 };
 const jwtPayload = (jwt: string) =>
   JSON.parse(Buffer.from(jwt.split(".")[1], "base64url").toString()) as Record<string, unknown>;
+const jwtHeader = (jwt: string) =>
+  JSON.parse(Buffer.from(jwt.split(".")[0], "base64url").toString()) as { kid?: string; alg?: string };
 
 test("the test kubelet runs a pod's containers as processes, with its token, Secret and status", async (t) => {
   const scope = reverseScope(t); // what starts last stops first: the kubelet before the API server
@@ -220,12 +225,32 @@ test("the test kubelet runs a pod's containers as processes, with its token, Sec
   assert.deepEqual(bound.pod, { name: "p1", uid });
   assert.ok((claims.exp as number) - (claims.iat as number) === 900);
 
-  // a changed Secret is rewritten in place, as the kubelet does
+  // the API server's signing key rotated while p1 runs (a restart of kube-apiserver): the token
+  // file keeps its token until renewTokens() asks again, as the kubelet would at 80 % of its life
+  const oldKid = kube.signingKeyId();
+  assert.equal(jwtHeader(readFileSync(tokenFile, "utf8")).kid, oldKid);
+  const newKid = await kube.rotateServiceAccountKey();
+  assert.notEqual(newKid, oldKid);
+  assert.equal(jwtHeader(readFileSync(tokenFile, "utf8")).kid, oldKid);
+  await kubelet.renewTokens();
+  const renewed = readFileSync(tokenFile, "utf8");
+  assert.equal(jwtHeader(renewed).kid, newKid);
+  const renewedClaims = jwtPayload(renewed);
+  assert.deepEqual(renewedClaims.aud, [AUDIENCE]);
+  assert.deepEqual((renewedClaims["kubernetes.io"] as { pod: object }).pod, { name: "p1", uid });
+  assert.ok((renewedClaims.exp as number) - (renewedClaims.iat as number) === 900);
+  const review = await kube.reviewToken(renewed, [AUDIENCE]);
+  assert.equal(review.authenticated, true, review.error);
+  // the containers ran on through the restart
+  assert.deepEqual(kubelet.pods().find((p) => p.name === "p1")?.pids, info.pids);
+
+  // a changed Secret is rewritten in place, as the kubelet does (its watch of the Secret resumed
+  // after the restart, once its retry backoff let it: the wait allows for that)
   await admin.patch(kubePaths.secrets(NS, "p1-secrets"), { stringData: { "secrets.json": '{"k":"v2"}' } });
   await waitFor(
     "the new secret value",
     async () => (await getJson(`http://${ip}:16680/secrets?name=k`)).body.value === "v2",
-    20_000,
+    40_000,
   );
 
   // an image it cannot run, a container that keeps exiting, a pod that fits no node
