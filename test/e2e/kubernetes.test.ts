@@ -12,19 +12,32 @@
 // an instance type with a GPU run as pods of the contract (their own service account, the token
 // projected into the worker only, the GPU requested) and answer invocations through the plane; the
 // API shows each instance ACTIVE with the pod's WorkerAuth; undeploying removes pod, account, role,
-// binding and Secrets.
+// binding and Secrets. Worker auth is the default token mode: the cluster is enrolled with
+// `callplane cluster enroll`, each worker logs in to NATS with its pod's projected token (no shared
+// key anywhere in the pod), and the API server's signing key is rotated while the workers run: the
+// agent pushes the new key set with its own token as proof, the pods' tokens are renewed with the new
+// key, every worker is made to log in again, and none is refused.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import type { IPod } from "kubernetes-models/v1";
 import { kubePaths, type KubeObject } from "../../src/lib/kube/index.js";
+import { createLogger } from "../../src/lib/log.js";
+import { closeConnections, connectNats } from "../../src/lib/nats/index.js";
 import { call, waitFor } from "../testkit/client.js";
 import { GRPC_FUNCTION, echoMessage, grpcClient, meta, unary } from "../testkit/grpc.js";
-import { distRoot, repoRoot, startApi, startNats, tmpDir } from "../testkit/index.js";
+import { distRoot, repoRoot, runCli, startApi, startNats, tmpDir } from "../testkit/index.js";
 import { startKubeApiServer } from "../testkit/kube-apiserver.js";
-import { WORKERS_NS, applyRenderedSetup, startTestWebhook } from "../testkit/kube-setup.js";
+import {
+  AGENT_ACCOUNT,
+  CONTROL_NS,
+  WORKERS_NS,
+  applyRenderedSetup,
+  startTestWebhook,
+} from "../testkit/kube-setup.js";
+import { startCallout } from "../testkit/trust.js";
 import { reverseScope, scripts, startService } from "../testkit/processes.js";
 import { startTestKubelet, type ContainerContext } from "../testkit/test-kubelet.js";
 
@@ -78,8 +91,39 @@ test(
     });
 
     const nats = await startNats(scope);
-    const api = await startApi(scope, { nats, computeBackend: "kubernetes", clusterId: CLUSTER });
+    const api = await startApi(scope, {
+      nats,
+      computeBackend: "kubernetes",
+      clusterId: CLUSTER,
+      workerAuth: "token",
+    });
+    const callout = await startCallout(scope, nats, api, "token");
     const admin = await api.adminToken();
+
+    // an admin enrolls the cluster, as an operator does: its issuer and the keys it publishes
+    const jwksRes = await k.admin.send("GET", "/openid/v1/jwks", { accept: "application/jwk-set+json" });
+    const jwksFile = join(dir, "jwks.json");
+    writeFileSync(jwksFile, await jwksRes.body.text());
+    const enrolled = await runCli(
+      [
+        "cluster",
+        "enroll",
+        CLUSTER,
+        "--service-account-issuer",
+        k.issuer,
+        "--jwks",
+        jwksFile,
+        "--api",
+        api.url,
+      ],
+      { env: { CALLPLANE_TOKEN: admin } },
+    );
+    assert.equal(enrolled.code, 0, enrolled.stderr + enrolled.stdout);
+    assert.match(enrolled.stdout, /Cluster e2e enrolled/);
+    // the agent's own projected token (the rendered pod mounts it): its proof when it pushes keys
+    const agentIdentity = () =>
+      k.tokenFor(CONTROL_NS, AGENT_ACCOUNT, { audiences: [`nvcf-icms:${CLUSTER}`], expirationSeconds: 3600 });
+    const agentIdentityFile = k.writeTokenFile(await agentIdentity());
     const serviceEnv = {
       CALLPLANE__GLOBAL__DATA_DIR: dir,
       CALLPLANE__GLOBAL__REGION: "test",
@@ -102,6 +146,8 @@ test(
         CALLPLANE__COMPUTE__KUBERNETES__API_SERVER: k.url,
         CALLPLANE__COMPUTE__KUBERNETES__CA_FILE: k.caFile,
         CALLPLANE__COMPUTE__KUBERNETES__TOKEN_FILE: setup.agentTokenFile,
+        CALLPLANE__COMPUTE__KUBERNETES__IDENTITY_TOKEN_FILE: agentIdentityFile,
+        CALLPLANE__COMPUTE__KUBERNETES__KEYS_REFRESH_SECONDS: "1",
         CALLPLANE__COMPUTE__KUBERNETES__TERMINATION_GRACE_SECONDS: "5",
         CALLPLANE__COMPUTE__KUBERNETES__INSTANCE_TYPES: JSON.stringify([
           { ...INSTANCE_TYPE, nodeSelector: { "nvidia.com/gpu.product": "A100" } },
@@ -272,6 +318,92 @@ test(
       assert.equal(r.err, null, `${r.err?.details}\n${output()}`);
       assert.equal(Buffer.from(r.value!.payload).toString(), payload);
     });
+
+    const workerLogins = () =>
+      callout
+        .log()
+        .filter(
+          (l) =>
+            l.msg === "Authentication successful" &&
+            typeof l.user === "string" &&
+            l.user.startsWith("worker-"),
+        );
+    // nobody else logs in through the callout here: any refusal is a worker's
+    const refusals = () =>
+      callout.log().filter((l) => l.msg === "Authentication denied" || l.msg === "Authentication failed");
+    const invokeBoth = async (what: string) => {
+      const body = `${what} ${randomBytes(6).toString("hex")}`;
+      const res = await fetch(`${invocation.urls.invocation}/v2/nvcf/pexec/functions/${http.functionId}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${apiKey}`, "content-type": "application/octet-stream" },
+        body,
+      });
+      assert.equal(res.status, 200, `${await res.clone().text()}\n${output()}`);
+      assert.equal(await res.text(), body);
+      const client = grpcClient(scope, new URL(grpcProxy.urls.grpc).host);
+      const r = await unary(
+        client,
+        echoMessage(body),
+        meta({ functionId: grpc.functionId, versionId: grpc.versionId, apiKey }),
+        { deadline: Date.now() + 60_000 },
+      );
+      assert.equal(r.err, null, `${r.err?.details}\n${output()}`);
+    };
+
+    await t.test("each worker's only credential is its pod's token, which the plane verified", async () => {
+      for (const s of (
+        await k.admin.list(kubePaths.secrets(WORKERS_NS), { query: { labelSelector: MANAGED } })
+      ).items as Array<KubeObject & { data?: Record<string, string> }>)
+        assert.ok(!("NKEY_SEED" in (s.data ?? {})), `no shared key in ${s.metadata?.name}`);
+      const users = new Set(workerLogins().map((l) => String(l.user)));
+      assert.ok(
+        users.has(`worker-${http.versionId}.${httpInstance.instanceId}`),
+        `the HTTP worker logged in as itself: ${[...users].join(", ")}`,
+      );
+      assert.deepEqual(refusals(), []);
+    });
+
+    await t.test(
+      "the API server's signing key rotated while the workers run: the agent pushes the new keys, workers log in again with new tokens, none is refused",
+      async () => {
+        const before = (await api.store.clusterKeys(CLUSTER))!.jwks.keys.map((x) => x.kid);
+        const kid = await k.rotateServiceAccountKey();
+        assert.ok(!before.includes(kid));
+        // the kubelet renews the agent's token with the new key (so it proves with its previous one)
+        writeFileSync(agentIdentityFile, await agentIdentity());
+        await waitFor(
+          "the new key registered by the agent",
+          async () => (await api.store.clusterKeys(CLUSTER))?.jwks.keys.some((x) => x.kid === kid),
+          { timeoutMs: 60_000, onTimeout: output },
+        );
+        const rec = (await api.store.clusterKeys(CLUSTER))!;
+        assert.match(
+          rec.updatedBy,
+          new RegExp(`^agent:system:serviceaccount:${CONTROL_NS}:${AGENT_ACCOUNT}$`),
+        );
+        assert.ok(
+          before.every((b) => rec.jwks.keys.some((x) => x.kid === b)),
+          "the old key stays while published",
+        );
+        // the workers' token files now hold tokens of the new key; every worker logs in again with one
+        await kubelet.renewTokens();
+        const logins = workerLogins().length;
+        const sys = await connectNats(
+          nats.access("api-revoker"),
+          "e2e-kick",
+          createLogger("test", { level: "silent" }),
+        );
+        const kicked = await closeConnections(sys, (u) => u.startsWith("worker-"), { servers: nats.servers });
+        await sys.close();
+        assert.ok(kicked.closed >= 2, `both workers' connections closed (${kicked.closed})`);
+        await waitFor("both workers logged in again", () => workerLogins().length >= logins + 2, {
+          timeoutMs: 60_000,
+          onTimeout: () => `${JSON.stringify(callout.log().slice(-20))}\n${output()}`,
+        });
+        assert.deepEqual(refusals(), [], "no worker was refused");
+        await invokeBoth("after rotation");
+      },
+    );
 
     await t.test("undeploying removes the pod and its account, role, binding and Secrets", async () => {
       const del = await call(http.path, { method: "DELETE", token: admin });

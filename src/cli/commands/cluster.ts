@@ -10,7 +10,7 @@ import { printFields, say } from "../output.js";
 import { settingsFor } from "../settings.js";
 
 interface EnrollOptions {
-  issuer: string;
+  serviceAccountIssuer: string;
   jwks: string;
 }
 
@@ -51,8 +51,9 @@ export function registerCluster(program: Command): void {
       "register (or replace) the keys a cluster signs its pods' tokens with; needs a plane-wide admin token with cluster-management",
     )
     .requiredOption(
-      "--issuer <url>",
-      "the cluster's service-account issuer (`kubectl get --raw /.well-known/openid-configuration`, field issuer)",
+      // (--issuer is the CLI's own: the admin token issuer's URL)
+      "--service-account-issuer <url>",
+      "the cluster's service-account issuer, as its API server's --service-account-issuer (`kubectl get --raw /.well-known/openid-configuration`, field issuer)",
     )
     .requiredOption(
       "--jwks <file>",
@@ -64,7 +65,7 @@ export function registerCluster(program: Command): void {
       const r = await new Api(s).call<ClusterKeysDto>(
         "PUT",
         `/v1/internal/clusters/${encodeURIComponent(clusterId)}/keys`,
-        { issuer: opts.issuer, jwks },
+        { issuer: opts.serviceAccountIssuer, jwks },
       );
       say(r.changed ? `Cluster ${r.clusterId} enrolled.` : `Cluster ${r.clusterId} already had these keys.`);
       printFields([

@@ -168,7 +168,9 @@ async function getJson(
       throw new Error(`GET ${url}: the answer is not JSON`);
     }
   } finally {
-    if (!body.destroyed) body.destroy();
+    // an undici body destroyed before its end emits an abort error: with no listener it would crash
+    // the agent (a 5xx while the API server restarts took this path)
+    if (!body.destroyed) body.on("error", () => undefined).destroy();
   }
 }
 
