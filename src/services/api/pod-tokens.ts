@@ -19,6 +19,7 @@ import {
   type ClusterKeys,
   type ClusterTokenClaims,
   type PodTokenFailure,
+  type VerifiedIdentity,
 } from "../../lib/identity/index.js";
 import type { Store } from "./store/types.js";
 
@@ -33,21 +34,11 @@ export interface WorkerTokenRefusal {
   subject?: string;
 }
 
-export interface PodTokenIdentity {
-  active: true;
-  instanceId: string;
-  functionId: string;
-  functionVersionId: string;
-  deploymentId: string;
-  subject: string;
-  audience: string;
-  issuer: string;
-  tokenId: string;
-  issuedAt: number;
-  expiresAt: number;
-  clusterId: string;
-  pod: { name: string; uid: string };
-}
+/** Who a verified pod token's worker is: the same fields as an identity the API signed, plus its cluster and pod. */
+export type PodTokenIdentity = { active: true } & VerifiedIdentity & {
+    clusterId: string;
+    pod: { name: string; uid: string };
+  };
 
 /** The compute agent of a Kubernetes cluster reports its instances as this reporter. */
 export const clusterReporter = (clusterId: string) => `kubernetes-${clusterId}`;
