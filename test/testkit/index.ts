@@ -12,7 +12,8 @@
 // plane.ts (a whole plane in this process), processes.ts (services as child processes),
 // two-networks.ts (the plane split across a network namespace), grpc.ts, trust.ts, netns.ts,
 // nats-cluster.ts, postgres.ts, hosts.ts, proc.ts, kube-apiserver.ts (etcd + kube-apiserver 1.20,
-// optionally kube-controller-manager, on loopback).
+// optionally kube-controller-manager, on loopback), stack.ts (the whole local stack, `npm start`'s,
+// as a user runs it).
 export { distRoot, repoRoot } from "./paths.js";
 export { removeDir, tmpDir } from "./scope.js";
 export { startNats, startTestCallout, type Nats } from "./nats.js";

@@ -949,8 +949,8 @@ void test("render: the workers' egress reaches the NATS the workers dial: the re
         x
           .replace(/workerNatsUrl: .*\n/, 'workerNatsUrl: ""\n')
           .replace(
-            "  workerAuth: nkey\n",
-            "  workerAuth: nkey\n  url: tls://nats.example.com:4222\n  server:\n    enabled: false\n",
+            /^compute:\n/m,
+            "nats:\n  url: tls://nats.example.com:4222\n  server:\n    enabled: false\ncompute:\n",
           ),
       ),
     ),

@@ -352,7 +352,7 @@ test(
   },
 );
 
-test("nats.workerAuth is nkey or token; token mode needs a webhook URL; the URL is derived by default", () => {
+test("nats.workerAuth is nkey or token, token by default; token mode needs a webhook URL; the URL is derived by default", () => {
   const bad = problems({ nats: { workerAuth: "jwt" as never } });
   assert.deepEqual(bad, ["nats.workerAuth: nats.workerAuth must be nkey or token"]);
   const env = problems({}, { CALLPLANE__NATS__WORKER_AUTH: "oauth" });
@@ -367,9 +367,15 @@ test("nats.workerAuth is nkey or token; token mode needs a webhook URL; the URL 
     c.nats.authCallout.workerTokenAuth.webhookUrl,
     "http://api.example:8080/v2/nvcf/webhook/nats-auth",
   );
-  assert.equal(load().nats.workerAuth, "nkey");
+  // token mode is the default, and the rule holds for it without the key being set
+  assert.equal(load().nats.workerAuth, "token");
+  const emptyByDefault = problems({ nats: { authCallout: { workerTokenAuth: { webhookUrl: "" } } } });
+  assert.equal(emptyByDefault.length, 1);
+  assertNames(emptyByDefault[0], ["nats.workerAuth", "nats.authCallout.workerTokenAuth.webhookUrl"]);
   // nkey mode does not use the webhook: an empty one is not an error there
-  assert.doesNotThrow(() => load({ nats: { authCallout: { workerTokenAuth: { webhookUrl: "" } } } }));
+  assert.doesNotThrow(() =>
+    load({ nats: { workerAuth: "nkey", authCallout: { workerTokenAuth: { webhookUrl: "" } } } }),
+  );
   // an empty token source is the default source
   assert.equal(load().compute.workerIdentity.tokenSource, "");
   assert.match(problems({ compute: { workerIdentity: { tokenSource: "off" as never } } })[0], /tokenSource/);

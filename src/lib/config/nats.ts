@@ -25,7 +25,10 @@ export const natsSection = section({
         message: "must be a nats:// or tls:// URL, or several separated by commas (every node of a cluster)",
       },
     ),
-  workerAuth: z.enum(["nkey", "token"], { error: "nats.workerAuth must be nkey or token" }).default("nkey"),
+  // token by default: each worker proves its own identity (an API-signed per-instance token on the
+  // local backend, its pod's token on Kubernetes) and reaches its own version only; nkey hands every
+  // worker one shared key that reaches every version, for workers that cannot do token mode
+  workerAuth: z.enum(["nkey", "token"], { error: "nats.workerAuth must be nkey or token" }).default("token"),
   authCallout: section({
     workerTokenAuth: section({
       // unset: derived from api.url; set to "" on purpose it is empty, which token mode refuses
