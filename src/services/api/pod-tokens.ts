@@ -19,6 +19,7 @@ import {
   type ClusterKeys,
   type ClusterTokenClaims,
   type PodTokenFailure,
+  type PublicJwk,
 } from "../../lib/identity/index.js";
 import type { Store } from "./store/types.js";
 
@@ -59,6 +60,15 @@ const KEYS_RELOAD_MIN_MS = 1_000;
 /** Verified tokens remembered (only the crypto is spared: the instance is checked on every login). */
 const VERIFIED_MAX = 10_000;
 
+/** A verified token, with the key and issuer that vouched for it (a hit is taken only while both are on record). */
+interface VerifiedToken {
+  claims: ClusterTokenClaims;
+  key: string;
+}
+
+/** What makes a registered key the same key (its public members), so that a reloaded set still matches. */
+const keyMaterial = (k: PublicJwk) => JSON.stringify([k.kty, k.alg, k.n, k.e, k.crv, k.x, k.y]);
+
 interface CachedKeys {
   keys: ClusterKeys | undefined;
   readAt: number;
@@ -66,7 +76,7 @@ interface CachedKeys {
 
 export class PodTokens {
   private readonly keys = new Map<string, CachedKeys>();
-  private readonly verified = new Map<string, ClusterTokenClaims>();
+  private readonly verified = new Map<string, VerifiedToken>();
 
   constructor(
     private readonly store: Store,
@@ -76,7 +86,7 @@ export class PodTokens {
   /** A pushed key set replaces the cached one now (this replica), not after the cache's life. */
   forget(clusterId: string): void {
     this.keys.delete(clusterId);
-    for (const [h, c] of this.verified) if (c.clusterId === clusterId) this.verified.delete(h);
+    for (const [h, v] of this.verified) if (v.claims.clusterId === clusterId) this.verified.delete(h);
   }
 
   private async keysOf(clusterId: string, fresh = false): Promise<ClusterKeys | undefined> {
@@ -93,7 +103,16 @@ export class PodTokens {
   async verify(token: string): Promise<{ ok: true; claims: ClusterTokenClaims } | WorkerTokenRefusal> {
     const hash = createHash("sha256").update(token).digest("base64url");
     const seen = this.verified.get(hash);
-    if (seen && seen.expiresAt * 1000 > this.now()) return { ok: true, claims: seen };
+    // a hit stands only while the key and issuer that verified it are still the cluster's (as this
+    // replica last read them): keys replaced on another replica end it when this one reads them again,
+    // not when the token says it expires (a token signed with a leaked key says what it likes)
+    if (seen && seen.claims.expiresAt * 1000 > this.now()) {
+      const c = seen.claims;
+      const keys = await this.keysOf(c.clusterId);
+      const key = keys?.jwks.keys.find((k) => k.kid === c.keyId);
+      if (keys?.issuer === c.issuer && key && keyMaterial(key) === seen.key) return { ok: true, claims: c };
+    }
+    if (seen) this.verified.delete(hash);
     let r = await verifyClusterToken(token, (id) => this.keysOf(id), { now: this.now() });
     if (!r.ok && (r.failure === "signature" || r.failure === "issuer" || r.failure === "unknown-cluster"))
       r = await verifyClusterToken(token, (id) => this.keysOf(id, true), { now: this.now() });
@@ -105,14 +124,18 @@ export class PodTokens {
         check: r.failure,
         ...(r.clusterId ? { clusterId: r.clusterId } : {}),
       };
-    if (this.verified.size >= VERIFIED_MAX) this.sweep();
-    this.verified.set(hash, r.claims);
+    // the key that verified it, as the cache holds it now (verifyClusterToken read it from there)
+    const key = this.keys.get(r.claims.clusterId)?.keys?.jwks.keys.find((k) => k.kid === r.claims.keyId);
+    if (key) {
+      if (this.verified.size >= VERIFIED_MAX) this.sweep();
+      this.verified.set(hash, { claims: r.claims, key: keyMaterial(key) });
+    }
     return r;
   }
 
   private sweep(): void {
     const now = this.now();
-    for (const [h, c] of this.verified) if (c.expiresAt * 1000 <= now) this.verified.delete(h);
+    for (const [h, v] of this.verified) if (v.claims.expiresAt * 1000 <= now) this.verified.delete(h);
     // still full of live tokens: forget the oldest half (a Map iterates in insertion order)
     if (this.verified.size >= VERIFIED_MAX)
       for (const h of [...this.verified.keys()].slice(0, VERIFIED_MAX / 2)) this.verified.delete(h);
