@@ -57,6 +57,11 @@ export const clusterReporter = (clusterId: string) => `kubernetes-${clusterId}`;
 const KEYS_CACHE_MS = 5_000;
 /** An unknown kid reads the keys again, at most this often per cluster (a flood of forged kids costs one query a second). */
 const KEYS_RELOAD_MIN_MS = 1_000;
+/**
+ * Clusters whose keys (or whose absence) are remembered: past this, entries older than the cache's
+ * life go, then clusters without keys (a flood of tokens naming made-up clusters must not grow it).
+ */
+const KEYS_MAX = 1_024;
 /** Verified tokens remembered (only the crypto is spared: the instance is checked on every login). */
 const VERIFIED_MAX = 10_000;
 
@@ -95,8 +100,18 @@ export class PodTokens {
     if (c && fresh && this.now() - c.readAt < KEYS_RELOAD_MIN_MS) return c.keys;
     const r = await this.store.clusterKeys(clusterId);
     const keys = r && { clusterId, issuer: r.issuer, jwks: r.jwks };
+    if (!this.keys.has(clusterId) && this.keys.size >= KEYS_MAX) this.sweepKeys();
     this.keys.set(clusterId, { keys, readAt: this.now() });
     return keys;
+  }
+
+  private sweepKeys(): void {
+    const now = this.now();
+    for (const [id, c] of this.keys) if (now - c.readAt >= KEYS_CACHE_MS) this.keys.delete(id);
+    if (this.keys.size >= KEYS_MAX) for (const [id, c] of this.keys) if (!c.keys) this.keys.delete(id);
+    // (still full: that many enrolled clusters read within the cache's life; the oldest go)
+    if (this.keys.size >= KEYS_MAX)
+      for (const id of [...this.keys.keys()].slice(0, KEYS_MAX / 2)) this.keys.delete(id);
   }
 
   /** Verifies a token of a cluster (signature, audience, issuer, times), reading the keys again once for an unknown key. */

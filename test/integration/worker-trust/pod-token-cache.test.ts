@@ -119,3 +119,23 @@ test("a replica's verified-token cache does not outlive the cluster's keys repla
   assert.equal(moved.active, false, "a token of the issuer no longer on record is refused");
   assert.ok(!moved.active && /issuer/.test(moved.reason), JSON.stringify(moved));
 });
+
+test("tokens naming clusters that do not exist: refused, and the replica's key cache stays bounded", async (t) => {
+  const { store, now } = setup(t);
+  const key = generateKeyPairSync("ec", { namedCurve: "P-256" });
+  await setKeys(store, [publicJwk(key.publicKey, "k")]);
+  const replica = new PodTokens(store, now);
+  const b64 = (v: unknown) => Buffer.from(JSON.stringify(v)).toString("base64url");
+  // (the audience is read before any signature is checked: these need none)
+  for (let i = 0; i < 3_000; i++) {
+    const forged = `${b64({ alg: "ES256", kid: "k" })}.${b64({ aud: [`nvcf-icms:made-up-${i}`] })}.AAAA`;
+    const r = await replica.verify(forged);
+    assert.ok("active" in r && r.check === "unknown-cluster", JSON.stringify(r));
+  }
+  // the private cache, read by the test: what grew with the flood
+  const cached = (replica as unknown as { keys: Map<string, unknown> }).keys;
+  assert.ok(cached.size <= 1_024, `${cached.size} clusters cached`);
+  // the enrolled cluster still verifies
+  const good = await sign(key.privateKey, "k", now() / 1000, 600);
+  assert.equal("ok" in (await replica.verify(good)), true);
+});
