@@ -183,7 +183,7 @@ export class PodTokens {
       clusterId: c.clusterId,
       subject: c.subject,
     });
-    const inst = await this.store.workerAuthBySubject(worker.subject);
+    const inst = await this.store.workerAuthBySubject(worker.subject, clusterReporter(c.clusterId));
     if (!inst)
       return refuse(
         `no live instance has the service account ${worker.subject}: its pod was deleted, its instance ended, or the compute agent has not reported it yet`,

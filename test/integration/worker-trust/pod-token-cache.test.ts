@@ -12,7 +12,7 @@ import { SignJWT } from "jose";
 import { jwksHash, type PublicJwk } from "../../../src/lib/identity/index.js";
 import { PodTokens } from "../../../src/services/api/pod-tokens.js";
 import { openSqliteStore } from "../../../src/services/api/store/sqlite.js";
-import type { Store } from "../../../src/services/api/store/types.js";
+import type { InstanceRecord, Store } from "../../../src/services/api/store/types.js";
 import { tmpDir } from "../../testkit/index.js";
 
 const ISSUER = "https://kube.example:6443";
@@ -58,6 +58,24 @@ function sign(key: KeyObject, kid: string, nowS: number, lifeS: number) {
     .sign(key);
 }
 
+/** An instance whose worker is the pod above (its account and pod), as an agent reports it. */
+function instanceOf(instanceId: string, ms: number): InstanceRecord {
+  return {
+    instanceId,
+    deploymentId: "d-1",
+    functionId: "f-1",
+    versionId: "v-1",
+    status: "ACTIVE",
+    instanceType: "gpu.x1",
+    gpu: "T4",
+    backend: "kubernetes",
+    location: CLUSTER,
+    workerAuth: { sub: SUB, saUid: SA_UID, workerIdentifiers: [{ name: POD, uid: POD_UID }] },
+    createdAt: new Date(ms).toISOString(),
+    updatedAt: new Date(ms).toISOString(),
+  };
+}
+
 function setup(t: Parameters<typeof tmpDir>[0]) {
   const store = openSqliteStore(join(tmpDir(t, "callplane-podcache-"), "callplane.db"));
   t.after(() => store.db.close());
@@ -70,22 +88,7 @@ test("a replica's verified-token cache does not outlive the cluster's keys repla
   const old = generateKeyPairSync("ec", { namedCurve: "P-256" });
   const next = generateKeyPairSync("ec", { namedCurve: "P-256" });
   await setKeys(store, [publicJwk(old.publicKey, "old")]);
-  await store.reportInstances(`kubernetes-${CLUSTER}`, [
-    {
-      instanceId: INSTANCE,
-      deploymentId: "d-1",
-      functionId: "f-1",
-      versionId: "v-1",
-      status: "ACTIVE",
-      instanceType: "gpu.x1",
-      gpu: "T4",
-      backend: "kubernetes",
-      location: CLUSTER,
-      workerAuth: { sub: SUB, saUid: SA_UID, workerIdentifiers: [{ name: POD, uid: POD_UID }] },
-      createdAt: new Date(clock.ms).toISOString(),
-      updatedAt: new Date(clock.ms).toISOString(),
-    },
-  ]);
+  await store.reportInstances(`kubernetes-${CLUSTER}`, [instanceOf(INSTANCE, clock.ms)]);
   // a token that claims to live a year (whoever holds a key signs what exp they like)
   const token = await sign(old.privateKey, "old", clock.ms / 1000, 365 * 86_400);
 
@@ -138,4 +141,21 @@ test("tokens naming clusters that do not exist: refused, and the replica's key c
   // the enrolled cluster still verifies
   const good = await sign(key.privateKey, "k", now() / 1000, 600);
   assert.equal("ok" in (await replica.verify(good)), true);
+});
+
+test("another reporter's instance with the same service account does not hide the worker's own", async (t) => {
+  const { store, clock, now } = setup(t);
+  const key = generateKeyPairSync("ec", { namedCurve: "P-256" });
+  await setKeys(store, [publicJwk(key.publicKey, "k")]);
+  const own = instanceOf(INSTANCE, clock.ms);
+  await store.reportInstances(`kubernetes-${CLUSTER}`, [own]);
+  // an agent holding the shared compute credential reports an instance of its own naming this
+  // worker's account; then the worker's agent reports again (its rows are written anew)
+  await store.reportInstances("kubernetes-c2", [{ ...instanceOf("i-2", clock.ms), versionId: "v-2" }]);
+  await store.reportInstances(`kubernetes-${CLUSTER}`, [own]);
+  const replica = new PodTokens(store, now);
+  const r = await replica.introspect(await sign(key.privateKey, "k", clock.ms / 1000, 600));
+  assert.ok(r.active, JSON.stringify(r));
+  assert.equal(r.instanceId, INSTANCE);
+  assert.equal(r.functionVersionId, "v-1");
 });
