@@ -275,6 +275,13 @@ void test("not a JWT, and audiences that do not name exactly one cluster: refuse
   assert.match(foreign.reason, /audience "https:\/\/kubernetes.default.svc" is not nvcf-icms:<clusterId>/);
   await refused(await mint({ ...podClaims(), aud: ["nvcf-icms:"] }), "audience");
   await refused(await mint({ ...podClaims(), aud: ["icms:c1"] }), "audience");
+  // a cluster id no cluster can have (the API's shape: 1 to 128 of [A-Za-z0-9._-], a letter or digit
+  // first): refused before it is looked up, and quoted shortened
+  for (const id of ["a".repeat(129), "-c1", "c1/x", "c 1", "c1\n"]) {
+    const r = await refused(await mint({ ...podClaims(), aud: [clusterAudience(id)] }), "audience");
+    assert.match(r.reason, /not a cluster id/);
+    assert.ok(r.reason.length < 400, r.reason);
+  }
   const none = await refused(await mint(without(podClaims(), "aud")), "audience");
   assert.match(none.reason, /names no audience/);
   assert.equal(lookups, 0);

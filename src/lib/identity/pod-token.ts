@@ -28,6 +28,8 @@ export const JWKS_MAX_KEYS = 16;
 /** The only audience a cluster's tokens for the plane carry. */
 export const clusterAudience = (clusterId: string) => `nvcf-icms:${clusterId}`;
 const AUDIENCE_PREFIX = clusterAudience("");
+/** A cluster id as the API takes it (PUT /v1/internal/clusters/{clusterId}/...). */
+export const CLUSTER_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const SERVICE_ACCOUNT_SUBJECT = /^system:serviceaccount:([^:]+):([^:]+)$/;
 
 /** A public key as the plane keeps it (RFC 7517 members of RSA and EC public keys only). */
@@ -184,6 +186,13 @@ export async function verifyClusterToken(
       `the token's audience ${q(only)} is not ${clusterAudience("<clusterId>")}: it was requested for another service`,
     );
   const clusterId = only.slice(AUDIENCE_PREFIX.length);
+  // (before the lookup: an id no cluster can have costs no query, nor a cache entry, and long ones
+  // stay out of the log)
+  if (!CLUSTER_ID_PATTERN.test(clusterId))
+    return refuse(
+      "audience",
+      `the token's audience names ${q(clusterId)}, which is not a cluster id (1 to 128 letters, digits, dots, dashes and underscores)`,
+    );
 
   // 3. the cluster's keys and issuer, as registered
   const cluster = await keysOf(clusterId);

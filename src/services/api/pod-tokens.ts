@@ -19,6 +19,7 @@ import {
   type ClusterKeys,
   type ClusterTokenClaims,
   type PodTokenFailure,
+  type PublicJwk,
   type VerifiedIdentity,
 } from "../../lib/identity/index.js";
 import type { Store } from "./store/types.js";
@@ -47,8 +48,22 @@ export const clusterReporter = (clusterId: string) => `kubernetes-${clusterId}`;
 const KEYS_CACHE_MS = 5_000;
 /** An unknown kid reads the keys again, at most this often per cluster (a flood of forged kids costs one query a second). */
 const KEYS_RELOAD_MIN_MS = 1_000;
+/**
+ * Clusters whose keys (or whose absence) are remembered: past this, entries older than the cache's
+ * life go, then clusters without keys (a flood of tokens naming made-up clusters must not grow it).
+ */
+const KEYS_MAX = 1_024;
 /** Verified tokens remembered (only the crypto is spared: the instance is checked on every login). */
 const VERIFIED_MAX = 10_000;
+
+/** A verified token, with the key and issuer that vouched for it (a hit is taken only while both are on record). */
+interface VerifiedToken {
+  claims: ClusterTokenClaims;
+  key: string;
+}
+
+/** What makes a registered key the same key (its public members), so that a reloaded set still matches. */
+const keyMaterial = (k: PublicJwk) => JSON.stringify([k.kty, k.alg, k.n, k.e, k.crv, k.x, k.y]);
 
 interface CachedKeys {
   keys: ClusterKeys | undefined;
@@ -57,7 +72,7 @@ interface CachedKeys {
 
 export class PodTokens {
   private readonly keys = new Map<string, CachedKeys>();
-  private readonly verified = new Map<string, ClusterTokenClaims>();
+  private readonly verified = new Map<string, VerifiedToken>();
 
   constructor(
     private readonly store: Store,
@@ -67,7 +82,7 @@ export class PodTokens {
   /** A pushed key set replaces the cached one now (this replica), not after the cache's life. */
   forget(clusterId: string): void {
     this.keys.delete(clusterId);
-    for (const [h, c] of this.verified) if (c.clusterId === clusterId) this.verified.delete(h);
+    for (const [h, v] of this.verified) if (v.claims.clusterId === clusterId) this.verified.delete(h);
   }
 
   private async keysOf(clusterId: string, fresh = false): Promise<ClusterKeys | undefined> {
@@ -76,15 +91,34 @@ export class PodTokens {
     if (c && fresh && this.now() - c.readAt < KEYS_RELOAD_MIN_MS) return c.keys;
     const r = await this.store.clusterKeys(clusterId);
     const keys = r && { clusterId, issuer: r.issuer, jwks: r.jwks };
+    if (!this.keys.has(clusterId) && this.keys.size >= KEYS_MAX) this.sweepKeys();
     this.keys.set(clusterId, { keys, readAt: this.now() });
     return keys;
+  }
+
+  private sweepKeys(): void {
+    const now = this.now();
+    for (const [id, c] of this.keys) if (now - c.readAt >= KEYS_CACHE_MS) this.keys.delete(id);
+    if (this.keys.size >= KEYS_MAX) for (const [id, c] of this.keys) if (!c.keys) this.keys.delete(id);
+    // (still full: that many enrolled clusters read within the cache's life; the oldest go)
+    if (this.keys.size >= KEYS_MAX)
+      for (const id of [...this.keys.keys()].slice(0, KEYS_MAX / 2)) this.keys.delete(id);
   }
 
   /** Verifies a token of a cluster (signature, audience, issuer, times), reading the keys again once for an unknown key. */
   async verify(token: string): Promise<{ ok: true; claims: ClusterTokenClaims } | WorkerTokenRefusal> {
     const hash = createHash("sha256").update(token).digest("base64url");
     const seen = this.verified.get(hash);
-    if (seen && seen.expiresAt * 1000 > this.now()) return { ok: true, claims: seen };
+    // a hit stands only while the key and issuer that verified it are still the cluster's (as this
+    // replica last read them): keys replaced on another replica end it when this one reads them again,
+    // not when the token says it expires (a token signed with a leaked key says what it likes)
+    if (seen && seen.claims.expiresAt * 1000 > this.now()) {
+      const c = seen.claims;
+      const keys = await this.keysOf(c.clusterId);
+      const key = keys?.jwks.keys.find((k) => k.kid === c.keyId);
+      if (keys?.issuer === c.issuer && key && keyMaterial(key) === seen.key) return { ok: true, claims: c };
+    }
+    if (seen) this.verified.delete(hash);
     let r = await verifyClusterToken(token, (id) => this.keysOf(id), { now: this.now() });
     if (!r.ok && (r.failure === "signature" || r.failure === "issuer" || r.failure === "unknown-cluster"))
       r = await verifyClusterToken(token, (id) => this.keysOf(id, true), { now: this.now() });
@@ -96,14 +130,18 @@ export class PodTokens {
         check: r.failure,
         ...(r.clusterId ? { clusterId: r.clusterId } : {}),
       };
-    if (this.verified.size >= VERIFIED_MAX) this.sweep();
-    this.verified.set(hash, r.claims);
+    // the key that verified it, as the cache holds it now (verifyClusterToken read it from there)
+    const key = this.keys.get(r.claims.clusterId)?.keys?.jwks.keys.find((k) => k.kid === r.claims.keyId);
+    if (key) {
+      if (this.verified.size >= VERIFIED_MAX) this.sweep();
+      this.verified.set(hash, { claims: r.claims, key: keyMaterial(key) });
+    }
     return r;
   }
 
   private sweep(): void {
     const now = this.now();
-    for (const [h, c] of this.verified) if (c.expiresAt * 1000 <= now) this.verified.delete(h);
+    for (const [h, v] of this.verified) if (v.claims.expiresAt * 1000 <= now) this.verified.delete(h);
     // still full of live tokens: forget the oldest half (a Map iterates in insertion order)
     if (this.verified.size >= VERIFIED_MAX)
       for (const h of [...this.verified.keys()].slice(0, VERIFIED_MAX / 2)) this.verified.delete(h);
@@ -136,7 +174,7 @@ export class PodTokens {
       clusterId: c.clusterId,
       subject: c.subject,
     });
-    const inst = await this.store.workerAuthBySubject(worker.subject);
+    const inst = await this.store.workerAuthBySubject(worker.subject, clusterReporter(c.clusterId));
     if (!inst)
       return refuse(
         `no live instance has the service account ${worker.subject}: its pod was deleted, its instance ended, or the compute agent has not reported it yet`,

@@ -262,7 +262,8 @@ test(
       s
         .logs()
         .some(
-          (l) => l.msg === "worker token refused" && /claims function_version_id v-a/.test(String(l.reason)),
+          (l) =>
+            l.msg === "worker token refused" && /claims function_version_id "v-a"/.test(String(l.reason)),
         ),
     );
 

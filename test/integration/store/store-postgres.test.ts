@@ -182,6 +182,52 @@ for (const [kind, open] of stores) {
     assert.deepEqual(await s.listInstances(v.versionId), []);
   });
 
+  test(`store (${kind}): pod identities and cluster keys`, async (t) => {
+    const s = await open(t);
+    const v = record("delta");
+    await s.createFunction(v);
+    const sub = "system:serviceaccount:nvcf-workers:nvcf-worker-cp-p1";
+    const pod = (i: InstanceRecord, uid = "sa-1"): InstanceRecord => ({
+      ...i,
+      workerAuth: { sub, saUid: uid, workerIdentifiers: [{ name: "cp-p1", uid: "pod-1" }] },
+    });
+    assert.deepEqual(await s.reportInstances("kubernetes-a", [pod(instance(v, "p1"))]), { refused: [] });
+    // another reporter cannot rewrite the instance (nor its worker identity); its own rows are taken
+    assert.deepEqual(
+      await s.reportInstances("kubernetes-b", [
+        pod(instance(v, "p1"), "sa-evil"),
+        pod(instance(v, "p2"), "b"),
+      ]),
+      { refused: ["p1"] },
+    );
+    assert.equal(((await s.workerAuthOf("p1"))?.workerAuth as { saUid: string }).saUid, "sa-1");
+    // two live instances name the subject: the asked reporter's comes back, whichever was written last
+    await s.reportInstances("kubernetes-a", [pod(instance(v, "p1"))]);
+    for (const reporter of ["kubernetes-a", "kubernetes-b"])
+      assert.equal((await s.workerAuthBySubject(sub, reporter))?.reporter, reporter);
+    assert.equal((await s.workerAuthBySubject(sub, "kubernetes-c"))?.workerAuth !== undefined, true);
+    // a terminated instance is no one's worker
+    await s.reportInstances("kubernetes-a", [pod(instance(v, "p1", "TERMINATED"))]);
+    assert.equal((await s.workerAuthBySubject(sub, "kubernetes-a"))?.reporter, "kubernetes-b");
+    await s.reportInstances("kubernetes-b", []);
+    assert.equal(await s.workerAuthBySubject(sub, "kubernetes-a"), undefined);
+
+    assert.equal(await s.clusterKeys("c1"), undefined);
+    const keys = {
+      clusterId: "c1",
+      issuer: "https://kube.example",
+      jwks: { keys: [{ kty: "EC" as const, kid: "k1", crv: "P-256" as const, x: "x", y: "y" }] },
+      jwksHash: "h1",
+      updatedBy: "admin:me",
+      updatedAt: new Date().toISOString(),
+    };
+    await s.setClusterKeys(keys);
+    assert.deepEqual(await s.clusterKeys("c1"), keys);
+    const replaced = { ...keys, issuer: "https://other.example", jwksHash: "h2", updatedBy: "agent:x" };
+    await s.setClusterKeys(replaced);
+    assert.deepEqual(await s.clusterKeys("c1"), replaced);
+  });
+
   test(`store (${kind}): API keys`, async (t) => {
     const s = await open(t);
     const k: ApiKeyRecord = {

@@ -237,8 +237,8 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
       const r = await one<InstanceWorkerAuthRow>(WORKER_AUTH_SELECT, [instanceId]);
       return r && instanceWorkerAuthFromRow(r);
     },
-    async workerAuthBySubject(sub) {
-      const r = await one<InstanceWorkerAuthRow>(WORKER_BY_SUBJECT_SELECT, [sub]);
+    async workerAuthBySubject(sub, reporter) {
+      const r = await one<InstanceWorkerAuthRow>(WORKER_BY_SUBJECT_SELECT, [sub, reporter]);
       return r && instanceWorkerAuthFromRow(r);
     },
     async clusterKeys(clusterId) {

@@ -146,9 +146,14 @@ export const clusterKeysFromRow = (r: ClusterKeysRow): ClusterKeysRecord => ({
 /** The one query workerAuthOf makes: a live instance that has a worker identity. */
 export const WORKER_AUTH_SELECT = `SELECT instance_id, reporter, status, function_id, version_id, deployment_id, worker_auth
   FROM instances WHERE instance_id = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL`;
-/** The one query workerAuthBySubject makes: the live instance whose pod service account is the subject. */
+/**
+ * The one query workerAuthBySubject makes: the live instance whose pod service account is the
+ * subject, the given reporter's first (another agent may report the same subject: it must not hide
+ * this one's). Parameters: sub, reporter.
+ */
 export const WORKER_BY_SUBJECT_SELECT = `SELECT instance_id, reporter, status, function_id, version_id, deployment_id, worker_auth
-  FROM instances WHERE worker_sub = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL`;
+  FROM instances WHERE worker_sub = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL
+  ORDER BY CASE WHEN reporter = ? THEN 0 ELSE 1 END, instance_id LIMIT 1`;
 /** The pod service account of an instance's worker identity (worker_sub), or NULL. */
 export const workerSubColumn = (i: InstanceRecord): string | null =>
   i.workerAuth && "sub" in i.workerAuth ? i.workerAuth.sub : null;

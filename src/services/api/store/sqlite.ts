@@ -179,8 +179,8 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
       const r = db.prepare(WORKER_AUTH_SELECT).get(instanceId) as InstanceWorkerAuthRow | undefined;
       return r && instanceWorkerAuthFromRow(r);
     },
-    async workerAuthBySubject(sub) {
-      const r = db.prepare(WORKER_BY_SUBJECT_SELECT).get(sub) as InstanceWorkerAuthRow | undefined;
+    async workerAuthBySubject(sub, reporter) {
+      const r = db.prepare(WORKER_BY_SUBJECT_SELECT).get(sub, reporter) as InstanceWorkerAuthRow | undefined;
       return r && instanceWorkerAuthFromRow(r);
     },
     async clusterKeys(clusterId) {

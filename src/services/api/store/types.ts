@@ -194,8 +194,11 @@ export interface Store {
    * reported, is TERMINATED, or was reported without one.
    */
   workerAuthOf(instanceId: string): Promise<InstanceWorkerAuth | undefined>;
-  /** The live instance whose pod service account is `sub` (what a pod token names), if any. */
-  workerAuthBySubject(sub: string): Promise<InstanceWorkerAuth | undefined>;
+  /**
+   * The live instance whose pod service account is `sub` (what a pod token names), if any; of several
+   * (two agents reporting the same subject), `reporter`'s.
+   */
+  workerAuthBySubject(sub: string, reporter: string): Promise<InstanceWorkerAuth | undefined>;
 
   /** Registers a cluster's instance types, replacing what it registered before. */
   registerCluster(c: ClusterRecord): Promise<void>;
