@@ -5,28 +5,26 @@
 // 127.0.42.0/24, grpc-proxy replicas on 127.0.43.0/24, so this file never meets a developer's stack (127.0.0.1:4222/8080..., 127.0.1.x,
 // 127.0.3.x) nor test/compute.test.ts (127.0.30-32.x).
 import assert from "node:assert/strict";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import {
-  existsSync,
-  mkdirSync,
-  readFileSync,
-  readdirSync,
-  readlinkSync,
-  rmSync,
-  statSync,
-  writeFileSync,
-} from "node:fs";
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { test, type TestContext } from "node:test";
+import { test } from "node:test";
 import { connect } from "@nats-io/transport-node";
 import { waitFor as poll } from "../testkit/client.js";
 import { plainClient } from "../testkit/trust.js";
 import { descendants, lifo, running } from "../testkit/proc.js";
 import { setTimeout as sleep } from "node:timers/promises";
-import { call, distRoot, tmpDir } from "../testkit/index.js";
+import { call, tmpDir } from "../testkit/index.js";
+import {
+  runStack,
+  stackProcesses,
+  waitStackReady,
+  writeStackConfig,
+  type StackJson,
+} from "../testkit/stack.js";
 import { rawUnary } from "../../src/lib/grpc/index.js";
 
 /** Waits for a condition; these tests start whole process trees, so the default is generous. */
@@ -36,33 +34,6 @@ const waitFor = <T>(
   timeoutMs = 20_000,
 ) => poll(what, check, timeoutMs);
 
-const stackMain = join(distRoot, "src", "stack", "main.js");
-
-interface StackJson {
-  api: string;
-  issuer: string;
-  issuerCredentialFile: string;
-  nats: string;
-  compute: string;
-  invocation: string[];
-  grpc: string[];
-  proxy?: string;
-  workerDomain?: string;
-  ca?: string;
-  dataDir: string;
-  logs: string;
-  pid: number;
-  demo: {
-    apiKey: string;
-    httpFunctionId: string;
-    httpFunctionVersionId: string;
-    httpFunctionName: string;
-    sseFunctionId: string;
-    slowFunctionId: string;
-    grpcFunctionId: string;
-  };
-}
-
 /** Runs a command line the stack printed for users, as a user's shell would, with KEY set. */
 async function runPrinted(line: string, key: string): Promise<string> {
   const { stdout } = await promisify(execFile)("sh", ["-c", line], {
@@ -70,142 +41,6 @@ async function runPrinted(line: string, key: string): Promise<string> {
     timeout: 30_000,
   });
   return stdout;
-}
-
-async function freePort(host: string): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, host, r));
-  const { port } = srv.address() as { port: number };
-  await new Promise((r) => srv.close(r));
-  return port;
-}
-
-/** Writes a config with its own addresses (services on `host`) and data folder; returns its path. */
-async function writeConfig(dir: string, host: string, podNetwork: string, instanceNetwork: string) {
-  const ports = [
-    await freePort(host),
-    await freePort(host),
-    await freePort(host),
-    await freePort(host),
-    await freePort(host),
-    await freePort(host),
-  ];
-  const [nats, api, issuer, compute, proxy, proxyMetrics] = ports;
-  // grpc-proxy replicas beside the invocation ones: 127.0.41.x becomes 127.0.43.x
-  const grpcNetwork = podNetwork.replace(/^127\.0\.41\./, "127.0.43.");
-  const file = join(dir, "callplane.yaml");
-  writeFileSync(
-    file,
-    [
-      "global:",
-      `  dataDir: ${join(dir, "data")}`,
-      "nats:",
-      `  url: tls://${host}:${nats}`,
-      "  server:",
-      `    listen: ${host}:${nats}`,
-      "api:",
-      `  listen: ${host}:${api}`,
-      "adminIssuerProxy:",
-      `  listen: ${host}:${issuer}`,
-      "invocation:",
-      `  podNetwork: ${podNetwork}`,
-      "  shutdownGraceSeconds: 10",
-      "grpcproxy:",
-      `  podNetwork: ${grpcNetwork}`,
-      "  shutdownGraceSeconds: 5",
-      "workerCallbackProxy:",
-      `  listen: ${host}:${proxy}`,
-      `  metricsListen: ${host}:${proxyMetrics}`,
-      `  podNetworks: [${podNetwork}, ${grpcNetwork}]`,
-      "compute:",
-      `  listen: ${host}:${compute}`,
-      `  instanceNetwork: ${instanceNetwork}`,
-      "  syncIntervalSeconds: 0.5",
-      "  stopGraceSeconds: 5",
-      "",
-    ].join("\n"),
-  );
-  return { file, dataDir: join(dir, "data"), ports: { nats, api, issuer, compute, proxy } };
-}
-
-/**
- * Every live process that belongs to a stack run from `dir`: its working folder is `dir` (the
- * stack's children and the compute agent's instances inherit it) or its command line or
- * environment mentions `dir` (nats-server's config, the services' data folder).
- */
-function processesOf(dir: string): Array<{ pid: number; cmdline: string }> {
-  const out: Array<{ pid: number; cmdline: string }> = [];
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name) || Number(name) === process.pid) continue;
-    try {
-      const cmdline = readFileSync(`/proc/${name}/cmdline`, "utf8").replaceAll("\0", " ");
-      const cwd = readlinkSync(`/proc/${name}/cwd`);
-      const environ = readFileSync(`/proc/${name}/environ`, "utf8");
-      if (
-        (cwd === dir || cwd.startsWith(`${dir}/`) || cmdline.includes(dir) || environ.includes(dir)) &&
-        running(Number(name))
-      )
-        out.push({ pid: Number(name), cmdline: cmdline.trim() });
-    } catch {
-      // gone meanwhile, or not ours to read
-    }
-  }
-  return out;
-}
-
-interface StackRun {
-  child: ChildProcess;
-  output(): string;
-  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
-}
-
-/**
- * Runs the stack from `cwd`. Whatever happens in the test, it is stopped afterwards, and any
- * process it left behind (found by `processesOf(cwd)`) is killed by its pid.
- */
-function runStack(t: Pick<TestContext, "after">, cwd: string, configFile: string): StackRun {
-  const env: NodeJS.ProcessEnv = {};
-  for (const [k, v] of Object.entries(process.env))
-    if (!k.startsWith("CALLPLANE__") && k !== "CALLPLANE_CONFIG") env[k] = v;
-  const child = spawn(process.execPath, [stackMain, "--config", configFile], {
-    cwd,
-    env,
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let output = "";
-  child.stdout.on("data", (d: Buffer) => (output += d.toString()));
-  child.stderr.on("data", (d: Buffer) => (output += d.toString()));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
-    child.once("exit", (code, signal) => r({ code, signal })),
-  );
-  t.after(async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      child.kill("SIGTERM");
-      await Promise.race([exited, sleep(20_000)]);
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-    }
-    for (const p of processesOf(cwd)) {
-      try {
-        process.kill(p.pid, "SIGKILL");
-      } catch {
-        // already gone
-      }
-    }
-  });
-  return { child, output: () => output, exited };
-}
-
-/** Waits for stack.json; fails with the stack's output if the stack exits first. */
-async function waitReady(run: StackRun, dataDir: string): Promise<StackJson> {
-  const file = join(dataDir, "stack.json");
-  const deadline = Date.now() + 90_000;
-  while (!existsSync(file)) {
-    if (run.child.exitCode !== null || run.child.signalCode !== null)
-      throw new Error(`the stack exited before it was ready:\n${run.output()}`);
-    if (Date.now() > deadline) throw new Error(`the stack was not ready within 90 s:\n${run.output()}`);
-    await sleep(100);
-  }
-  return JSON.parse(readFileSync(file, "utf8")) as StackJson;
 }
 
 const lines = (s: string) => s.split("\n").filter((l) => l.trim() !== "");
@@ -225,7 +60,12 @@ async function adminToken(info: StackJson): Promise<string> {
 test("local stack", async (t) => {
   const ctx = lifo(t);
   const dir = tmpDir(ctx, "callplane-stack-");
-  const cfg = await writeConfig(dir, "127.0.40.1", "127.0.41.0/24", "127.0.42.0/24");
+  const cfg = await writeStackConfig(dir, {
+    host: "127.0.40.1",
+    podNetwork: "127.0.41.0/24",
+    grpcNetwork: "127.0.43.0/24",
+    instanceNetwork: "127.0.42.0/24",
+  });
   const first = runStack(ctx, dir, cfg.file);
   let info: StackJson | undefined;
   let firstDemoId = "";
@@ -233,7 +73,7 @@ test("local stack", async (t) => {
   await t.test(
     "comes up: stack.json lists every address, the demo answers on both replicas, logs exist",
     async () => {
-      info = await waitReady(first, cfg.dataDir);
+      info = await waitStackReady(first, cfg.dataDir);
       const file = join(cfg.dataDir, "stack.json");
       assert.equal(statSync(file).mode & 0o777, 0o600, "stack.json holds an API key: owner only");
       assert.equal(info.api, `http://127.0.40.1:${cfg.ports.api}`);
@@ -400,7 +240,7 @@ test("local stack", async (t) => {
     assert.equal(code, 0, first.output());
     assert.match(first.output(), /callplane: stopped/);
     assert.deepEqual(tree.filter(running), [], "no process of the stack is left");
-    assert.deepEqual(processesOf(dir), []);
+    assert.deepEqual(stackProcesses(dir), []);
     assert.ok(!existsSync(join(cfg.dataDir, "stack.json")), "stack.json is removed");
   });
 
@@ -422,9 +262,9 @@ test("local stack", async (t) => {
         assert.match(last, /^callplane: the demo invocation failed with 401/, failing.output());
         await waitFor(
           "every process of the failed start to exit",
-          () => processesOf(dir).length === 0,
+          () => stackProcesses(dir).length === 0,
           15_000,
-        ).catch(() => assert.deepEqual(processesOf(dir), [], "no process is left behind"));
+        ).catch(() => assert.deepEqual(stackProcesses(dir), [], "no process is left behind"));
         assert.ok(!existsSync(join(cfg.dataDir, "stack.json")));
       } finally {
         writeFileSync(demoFile, demo);
@@ -443,7 +283,7 @@ test("local stack", async (t) => {
       assert.match(recorded.apiKeyId, /^[0-9a-f-]{36}$/);
       writeFileSync(demoFile, JSON.stringify({ ...recorded, apiKeyId: randomUUID() }));
       const again = runStack(ctx, dir, cfg.file);
-      const info2 = await waitReady(again, cfg.dataDir);
+      const info2 = await waitStackReady(again, cfg.dataDir);
       assert.equal(info2.demo.httpFunctionId, firstDemoId);
       assert.match(again.output(), /reusing the demo function/);
       assert.match(again.output(), /the demo API key is unknown to the api; issuing a new one/);
@@ -484,7 +324,7 @@ test("local stack", async (t) => {
             "no process of the stack is left",
           ),
       );
-      assert.deepEqual(processesOf(dir), []);
+      assert.deepEqual(stackProcesses(dir), []);
     },
   );
 });
@@ -492,7 +332,12 @@ test("local stack", async (t) => {
 test("a port in use: the stack exits with one line naming it and leaves nothing behind", async (t) => {
   const ctx = lifo(t);
   const dir = tmpDir(ctx, "callplane-stack-port-");
-  const cfg = await writeConfig(dir, "127.0.40.2", "127.0.41.128/25", "127.0.42.128/25");
+  const cfg = await writeStackConfig(dir, {
+    host: "127.0.40.2",
+    podNetwork: "127.0.41.128/25",
+    grpcNetwork: "127.0.43.128/25",
+    instanceNetwork: "127.0.42.128/25",
+  });
   const squatter: Server = createServer();
   await new Promise<void>((r) => squatter.listen(cfg.ports.api, "127.0.40.2", r));
   ctx.after(() => squatter.close());
@@ -503,14 +348,19 @@ test("a port in use: the stack exits with one line naming it and leaves nothing 
   assert.equal(out.length, 1, run.output());
   assert.match(out[0], new RegExp(`127\\.0\\.40\\.2:${cfg.ports.api}\\b`));
   assert.match(out[0], /in use/);
-  assert.deepEqual(processesOf(dir), []);
+  assert.deepEqual(stackProcesses(dir), []);
   assert.ok(!existsSync(join(cfg.dataDir, "stack.json")));
 });
 
 test("a lone key or CA file is refused in one line naming both fields, and left as it was", async (t) => {
   const ctx = lifo(t);
   const dir = tmpDir(ctx, "callplane-stack-keys-");
-  const cfg = await writeConfig(dir, "127.0.40.3", "127.0.41.128/25", "127.0.42.128/25");
+  const cfg = await writeStackConfig(dir, {
+    host: "127.0.40.3",
+    podNetwork: "127.0.41.128/25",
+    grpcNetwork: "127.0.43.128/25",
+    instanceNetwork: "127.0.42.128/25",
+  });
   // an operator's own verification key (an identity provider's), without a signing key beside it
   const pub = join(cfg.dataDir, "keys", "admin-signing.pub.pem");
   mkdirSync(join(cfg.dataDir, "keys"), { recursive: true });
@@ -523,7 +373,7 @@ test("a lone key or CA file is refused in one line naming both fields, and left 
   assert.equal(out.length, 2, run.output());
   assert.match(out[1], /auth\.adminPublicKeyFile .* exists but auth\.adminSigningKeyFile .* does not/);
   assert.equal(readFileSync(pub, "utf8"), "the identity provider's public key\n");
-  assert.deepEqual(processesOf(dir), []);
+  assert.deepEqual(stackProcesses(dir), []);
 
   // the same for a CA certificate without its key
   rmSync(join(cfg.dataDir, "keys"), { recursive: true });
@@ -535,5 +385,5 @@ test("a lone key or CA file is refused in one line naming both fields, and left 
   const out2 = lines(again.output());
   assert.match(out2.at(-1) ?? "", /pki\.caCertFile .* exists but pki\.caKeyFile .* does not/);
   assert.equal(readFileSync(caCert, "utf8"), "the operator's CA certificate\n");
-  assert.deepEqual(processesOf(dir), []);
+  assert.deepEqual(stackProcesses(dir), []);
 });

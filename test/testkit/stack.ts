@@ -25,6 +25,7 @@ export interface StackJson {
   invocation: string[];
   grpc: string[];
   proxy?: string;
+  workerDomain?: string;
   ca?: string;
   workerAuth: string;
   dataDir: string;
@@ -34,6 +35,7 @@ export interface StackJson {
     apiKey: string;
     httpFunctionId: string;
     httpFunctionVersionId: string;
+    httpFunctionName: string;
     sseFunctionId: string;
     sseFunctionVersionId: string;
     slowFunctionId: string;
@@ -52,14 +54,24 @@ export interface StackAddresses {
   instanceNetwork: string;
 }
 
+/** The ports writeStackConfig picked for the services on `host`. */
+export interface StackPorts {
+  nats: number;
+  api: number;
+  issuer: number;
+  compute: number;
+  proxy: number;
+}
+
 /**
  * Writes an environment file that sets only where things are (addresses, the data folder) and a
  * short compute sync, so every other key, nats.workerAuth included, is the stack's default.
+ * Returns its path, the data folder and the ports it chose.
  */
 export async function writeStackConfig(
   dir: string,
   a: StackAddresses,
-): Promise<{ file: string; dataDir: string }> {
+): Promise<{ file: string; dataDir: string; ports: StackPorts }> {
   const port = () => freePort(a.host);
   const [nats, api, issuer, compute, proxy, proxyMetrics] = [
     await port(),
@@ -101,7 +113,7 @@ export async function writeStackConfig(
       "",
     ].join("\n"),
   );
-  return { file, dataDir: join(dir, "data") };
+  return { file, dataDir: join(dir, "data"), ports: { nats, api, issuer, compute, proxy } };
 }
 
 /** A process's environment, as the kernel holds it (/proc/<pid>/environ). */
