@@ -71,8 +71,6 @@ export class WorkerTrust {
   private app: NatsConnection | undefined;
   private sys: NatsConnection | undefined;
   private queues: WorkQueues | undefined;
-  /** The instances each reporter last reported live, by reporter. */
-  private readonly lastReport = new Map<string, Set<string>>();
 
   constructor(
     readonly opts: WorkerTrustOptions,
@@ -153,16 +151,19 @@ export class WorkerTrust {
   }
 
   /**
-   * An instance report replaces the reporter's previous one: instances it reports TERMINATED,
-   * and those it no longer reports, are gone, and their identities are revoked.
+   * An instance report replaced the reporter's previous one: the instances that ended (live before,
+   * not now: the store tells, in the report's own transaction) lose their identity and their NATS
+   * connections; so do those it reports TERMINATED (an identity the API issued is revoked once).
    */
-  async onReport(reporter: string, after: Array<{ instanceId: string; status: string }>): Promise<void> {
-    const before = this.lastReport.get(reporter) ?? new Set<string>();
-    const live = new Set(after.filter((i) => i.status !== "TERMINATED").map((i) => i.instanceId));
-    this.lastReport.set(reporter, live);
-    const gone = new Set([...before, ...after.map((i) => i.instanceId)].filter((id) => !live.has(id)));
+  async onReport(
+    after: Array<{ instanceId: string; status: string }>,
+    ended: readonly string[],
+  ): Promise<void> {
+    const endedNow = new Set(ended);
+    const terminated = after.filter((i) => i.status === "TERMINATED").map((i) => i.instanceId);
     // a pod's worker has no identity the API issued, but its connections go as well: it was live
-    for (const id of gone) await this.revoke(id, "instance terminated", before.has(id));
+    for (const id of new Set([...ended, ...terminated]))
+      await this.revoke(id, "instance terminated", endedNow.has(id));
   }
 
   /**

@@ -168,9 +168,15 @@ for (const [kind, open] of stores) {
     assert.deepEqual((await s.getDeployment(v.functionId, v.versionId))?.specs, [spec]);
     assert.equal((await s.listDeployments()).length, 1);
     // a reporter's report replaces what it said before, and leaves other reporters' rows alone
-    await s.reportInstances("agent-1", [instance(v, "i1"), instance(v, "i2")]);
+    // (and says which of its instances ended: live before, not live now, whatever this process saw)
+    assert.deepEqual(await s.reportInstances("agent-1", [instance(v, "i1"), instance(v, "i2")]), {
+      refused: [],
+      ended: [],
+    });
     await s.reportInstances("agent-2", [instance(v, "j1")]);
-    await s.reportInstances("agent-1", [instance(v, "i2", "TERMINATED")]);
+    const r = await s.reportInstances("agent-1", [instance(v, "i2", "TERMINATED")]);
+    assert.deepEqual(r.ended.sort(), ["i1", "i2"]);
+    assert.deepEqual((await s.reportInstances("agent-1", [instance(v, "i2", "TERMINATED")])).ended, []);
     const list = await s.listInstances(v.versionId);
     assert.deepEqual(list.map((i) => [i.instanceId, i.status]).sort(), [
       ["i2", "TERMINATED"],
@@ -191,14 +197,17 @@ for (const [kind, open] of stores) {
       ...i,
       workerAuth: { sub, saUid: uid, workerIdentifiers: [{ name: "cp-p1", uid: "pod-1" }] },
     });
-    assert.deepEqual(await s.reportInstances("kubernetes-a", [pod(instance(v, "p1"))]), { refused: [] });
+    assert.deepEqual(await s.reportInstances("kubernetes-a", [pod(instance(v, "p1"))]), {
+      refused: [],
+      ended: [],
+    });
     // another reporter cannot rewrite the instance (nor its worker identity); its own rows are taken
     assert.deepEqual(
       await s.reportInstances("kubernetes-b", [
         pod(instance(v, "p1"), "sa-evil"),
         pod(instance(v, "p2"), "b"),
       ]),
-      { refused: ["p1"] },
+      { refused: ["p1"], ended: [] },
     );
     assert.equal(((await s.workerAuthOf("p1"))?.workerAuth as { saUid: string }).saUid, "sa-1");
     // two live instances name the subject: the asked reporter's comes back, whichever was written last

@@ -1,5 +1,6 @@
 // Instance status reports (internal): the compute agent reports the instances it runs; the report
-// replaces the reporter's previous one, and the instances that went have their identities revoked.
+// replaces the reporter's previous one, and the instances that ended have their identities revoked
+// and their workers' NATS connections closed.
 // Each live instance's worker identity is kept with it (Store.workerAuthOf), never a token.
 import { z } from "zod";
 import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
@@ -78,7 +79,7 @@ async function reportInstances(deps: ApiDeps, { req, res }: RequestContext): Pro
   const body = parseBody(instanceReportSchema, await readJsonBody(deps, req));
   // a terminated instance's worker identity is dropped, as ICMS deletes it on a terminal update:
   // nothing may be checked against an instance that no longer runs
-  const { refused } = await deps.store.reportInstances(
+  const { refused, ended } = await deps.store.reportInstances(
     body.reporter,
     body.instances.map(({ workerAuth, ...i }) => ({
       ...i,
@@ -91,8 +92,8 @@ async function reportInstances(deps: ApiDeps, { req, res }: RequestContext): Pro
       "a status report named instances another compute agent reports: they were left as that agent reported them",
     );
   await deps.trust.onReport(
-    body.reporter,
     body.instances.filter((i) => !refused.includes(i.instanceId)),
+    ended,
   );
   if (refused.length)
     sendJson(res, 200, {

@@ -9,6 +9,8 @@ import {
   VERSION_SELECT,
   WORKER_AUTH_SELECT,
   WORKER_BY_SUBJECT_SELECT,
+  LIVE_OF_REPORTER_SELECT,
+  endedInstances,
   clusterKeysFromRow,
   type ClusterKeysRow,
   workerSubColumn,
@@ -193,7 +195,11 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
     },
     async reportInstances(reporter, instances) {
       const refused: string[] = [];
+      let ended: string[] = [];
       await tx(async (t) => {
+        // FOR UPDATE: two reports of one reporter at once see each other's result, not the same "before"
+        const before = await t(`${LIVE_OF_REPORTER_SELECT} FOR UPDATE`, [reporter]);
+        ended = endedInstances(before.rows as Array<{ instance_id: string }>, instances);
         await t("DELETE FROM instances WHERE reporter = ?", [reporter]);
         for (const i of instances) {
           const r = await t(
@@ -222,7 +228,7 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
           if (r.rowCount === 0) refused.push(i.instanceId);
         }
       });
-      return { refused };
+      return { refused, ended };
     },
     async listInstances(versionId) {
       const list =

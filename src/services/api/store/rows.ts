@@ -146,6 +146,14 @@ export const clusterKeysFromRow = (r: ClusterKeysRow): ClusterKeysRecord => ({
 /** The one query workerAuthOf makes: a live instance that has a worker identity. */
 export const WORKER_AUTH_SELECT = `SELECT instance_id, reporter, status, function_id, version_id, deployment_id, worker_auth
   FROM instances WHERE instance_id = ? AND status <> 'TERMINATED' AND worker_auth IS NOT NULL`;
+/** A reporter's live instances, read before its report replaces them (what ended is the difference). */
+export const LIVE_OF_REPORTER_SELECT =
+  "SELECT instance_id FROM instances WHERE reporter = ? AND status <> 'TERMINATED'";
+/** The instances that were live and are not live in the new report. */
+export const endedInstances = (before: Array<{ instance_id: string }>, after: InstanceRecord[]): string[] => {
+  const live = new Set(after.filter((i) => i.status !== "TERMINATED").map((i) => i.instanceId));
+  return before.map((r) => r.instance_id).filter((id) => !live.has(id));
+};
 /**
  * The one query workerAuthBySubject makes: the live instance whose pod service account is the
  * subject, the given reporter's first (another agent may report the same subject: it must not hide

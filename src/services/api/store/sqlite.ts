@@ -9,6 +9,8 @@ import {
   VERSION_SELECT,
   WORKER_AUTH_SELECT,
   WORKER_BY_SUBJECT_SELECT,
+  LIVE_OF_REPORTER_SELECT,
+  endedInstances,
   clusterKeysFromRow,
   type ClusterKeysRow,
   workerSubColumn,
@@ -152,7 +154,10 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
         ON CONFLICT(instance_id) DO UPDATE SET status = excluded.status, message = excluded.message, worker_auth = excluded.worker_auth, worker_sub = excluded.worker_sub, updated_at = excluded.updated_at
         WHERE instances.reporter = excluded.reporter`);
       const refused: string[] = [];
+      let ended: string[] = [];
       db.transaction(() => {
+        const before = db.prepare(LIVE_OF_REPORTER_SELECT).all(reporter) as Array<{ instance_id: string }>;
+        ended = endedInstances(before, instances);
         db.prepare("DELETE FROM instances WHERE reporter = ?").run(reporter);
         for (const i of instances) {
           const r = upsert.run({
@@ -165,7 +170,7 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
           if (r.changes === 0) refused.push(i.instanceId);
         }
       })();
-      return { refused };
+      return { refused, ended };
     },
     async listInstances(versionId) {
       const rows = (

@@ -185,9 +185,14 @@ export interface Store {
   /**
    * Replaces what one reporter (a compute agent) says about the instances of its deployments. An
    * instance another reporter reported is left as it is: no agent rewrites another's instances (or
-   * their worker identities): the ids of those are returned, refused.
+   * their worker identities): the ids of those are returned, refused. `ended`: the instances this
+   * reporter had live (not TERMINATED) before and has not now, read in the same transaction, so
+   * every API replica (and one just restarted) tells the same instances ended.
    */
-  reportInstances(reporter: string, instances: InstanceRecord[]): Promise<{ refused: string[] }>;
+  reportInstances(
+    reporter: string,
+    instances: InstanceRecord[],
+  ): Promise<{ refused: string[]; ended: string[] }>;
   listInstances(versionId?: string): Promise<InstanceRecord[]>;
   /**
    * The worker identity last reported for a live instance; undefined when the instance is not
