@@ -42,7 +42,8 @@ export type PodTokenIdentity = { active: true } & VerifiedIdentity & {
   };
 
 /** The compute agent of a Kubernetes cluster reports its instances as this reporter. */
-export const clusterReporter = (clusterId: string) => `kubernetes-${clusterId}`;
+export const CLUSTER_REPORTER_PREFIX = "kubernetes-";
+export const clusterReporter = (clusterId: string) => `${CLUSTER_REPORTER_PREFIX}${clusterId}`;
 
 /** How long a replica trusts the key set it read (a rotation elsewhere is seen at the next unknown kid anyway). */
 const KEYS_CACHE_MS = 5_000;
@@ -213,27 +214,32 @@ export class PodTokens {
   }
 
   /**
-   * An agent's proof of its cluster, for a key push: one of `proofs` verifies against the keys on
-   * record and is not a worker's token (a worker pod must not re-key its cluster). The subject of the
-   * proof that passed, or the reason each was refused.
+   * An agent's proof of its cluster (a key push, an instance report): one of `proofs` verifies against
+   * `keys` (those on record; at an enrollment, the ones enrolled), is not a worker's token (a worker
+   * pod must not speak for its cluster), and is the agent's own when one is pinned. The subject of
+   * the proof that passed, or why each was refused.
    */
   async proveCluster(
-    clusterId: string,
+    keys: ClusterKeys & { agentSubject?: string | undefined },
     proofs: readonly string[],
   ): Promise<{ ok: true; subject: string } | { ok: false; reasons: string[] }> {
     const reasons: string[] = [];
     for (const [i, proof] of proofs.entries()) {
-      const r = await verifyClusterToken(proof, (id) => this.keysOf(id, true), { now: this.now() });
+      const r = await verifyClusterToken(proof, (id) => (id === keys.clusterId ? keys : undefined), {
+        now: this.now(),
+      });
       if (!r.ok) reasons.push(`proof ${i}: ${r.reason}`);
-      else if (r.claims.clusterId !== clusterId)
-        reasons.push(`proof ${i}: a token of cluster ${r.claims.clusterId}, not of ${clusterId}`);
       else if (r.claims.subject.split(":").at(-1)?.startsWith(WORKER_ACCOUNT_PREFIX))
         reasons.push(
-          `proof ${i}: a worker's token (${r.claims.subject}); only the compute agent may push its cluster's keys`,
+          `proof ${i}: a worker's token (${r.claims.subject}); only the cluster's compute agent proves it`,
+        );
+      else if (keys.agentSubject !== undefined && r.claims.subject !== keys.agentSubject)
+        reasons.push(
+          `proof ${i}: a token of ${r.claims.subject}, not of the cluster's compute agent ${keys.agentSubject} (pinned by its first proof; enrolling again with an admin credential resets it)`,
         );
       else return { ok: true, subject: r.claims.subject };
     }
-    if (!proofs.length) reasons.push("no proof was sent (proofs: the agent's own projected token)");
+    if (!proofs.length) reasons.push("no proof was sent (the agent's own projected token)");
     return { ok: false, reasons };
   }
 }

@@ -151,6 +151,7 @@ function runAgent<I extends ComputeInstance>(
     instances,
     registry,
     logger,
+    proofs: () => backend.reportProofs?.() ?? [],
   });
   const reconciler = new Reconciler({
     api,

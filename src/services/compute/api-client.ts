@@ -52,6 +52,7 @@ export interface CallOptions {
   /** Another bearer than the service token (an admin token that enrolls the cluster). */
   bearer?: string;
   signal?: AbortSignal;
+  headers?: Record<string, string>;
 }
 
 /** What GET /v1/internal/deployments answers. */
@@ -70,6 +71,7 @@ export class ComputeApiClient {
     const res = await request(new URL(path, this.apiUrl), {
       method,
       headers: {
+        ...o.headers,
         authorization: `Bearer ${o.bearer ?? this.serviceToken}`,
         ...(body ? { "content-type": "application/json" } : {}),
       },
@@ -94,11 +96,13 @@ export class ComputeApiClient {
 
   /** Replaces every instance this reporter reported before. */
   /** Replaces every instance this reporter reported before; names those another agent reports (left as they were). */
-  async putInstances(body: {
-    reporter: string;
-    instances: unknown[];
-  }): Promise<{ refused: Array<{ instanceId: string; reason: string }> }> {
-    const r = (await this.call("PUT", "/v1/internal/instances", body)) as
+  async putInstances(
+    body: { reporter: string; instances: unknown[] },
+    proofs: readonly string[] = [],
+  ): Promise<{ refused: Array<{ instanceId: string; reason: string }> }> {
+    // an enrolled cluster's reports carry its agent's proof (its own projected token)
+    const headers = proofs.length ? { "x-callplane-cluster-proof": proofs.join(",") } : undefined;
+    const r = (await this.call("PUT", "/v1/internal/instances", body, headers ? { headers } : {})) as
       { refused?: Array<{ instanceId: string; reason: string }> } | undefined;
     return { refused: r?.refused ?? [] };
   }

@@ -75,6 +75,11 @@ export interface ComputeBackend<I extends ComputeInstance = ComputeInstance> {
   offers(gpu: string, instanceType: string): boolean;
   /** Hands the instance types this backend offers to `publish`, now and whenever they change. */
   offerInstanceTypes(publish: (types: readonly InstanceTypeOffer[]) => void): void;
+  /**
+   * What proves a status report comes from this backend's cluster (the Kubernetes agent's own
+   * projected tokens: the API asks an enrolled cluster's reports for them); none on the local backend.
+   */
+  reportProofs?(): string[];
   /** After the last instance (or when the agent closes): removes or stops what the backend keeps beside its instances. */
   dispose(): Promise<void>;
 }

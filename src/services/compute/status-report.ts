@@ -16,6 +16,8 @@ export interface StatusReporterDeps<I extends ComputeInstance> {
   instances: InstanceTable<I>;
   registry: Registry;
   logger: Logger;
+  /** What proves the report comes from this agent's cluster (backend.reportProofs). */
+  proofs?: () => string[];
 }
 
 export class StatusReporter<I extends ComputeInstance> {
@@ -49,24 +51,27 @@ export class StatusReporter<I extends ComputeInstance> {
     const all = this.deps.instances.takeSnapshot();
     for (const s of ["STARTING", "ACTIVE", "ERRORED"] as const)
       this.gauge.set({ status: s }, all.filter((i) => i.status === s).length);
-    const { refused } = await this.deps.api.putInstances({
-      reporter: this.deps.reporter,
-      instances: all.map((i) => ({
-        instanceId: i.instanceId,
-        deploymentId: i.deployment.deploymentId,
-        functionId: i.deployment.functionId,
-        versionId: i.deployment.versionId,
-        status: i.status,
-        instanceType: i.deployment.specs[0].instanceType,
-        gpu: i.deployment.specs[0].gpu,
-        backend: this.deps.backend,
-        location: i.location,
-        ...(i.message ? { message: i.message.slice(0, 2000) } : {}),
-        ...(i.workerAuth ? { workerAuth: i.workerAuth } : {}),
-        createdAt: i.createdAt,
-        updatedAt: i.updatedAt,
-      })),
-    });
+    const { refused } = await this.deps.api.putInstances(
+      {
+        reporter: this.deps.reporter,
+        instances: all.map((i) => ({
+          instanceId: i.instanceId,
+          deploymentId: i.deployment.deploymentId,
+          functionId: i.deployment.functionId,
+          versionId: i.deployment.versionId,
+          status: i.status,
+          instanceType: i.deployment.specs[0].instanceType,
+          gpu: i.deployment.specs[0].gpu,
+          backend: this.deps.backend,
+          location: i.location,
+          ...(i.message ? { message: i.message.slice(0, 2000) } : {}),
+          ...(i.workerAuth ? { workerAuth: i.workerAuth } : {}),
+          createdAt: i.createdAt,
+          updatedAt: i.updatedAt,
+        })),
+      },
+      this.deps.proofs?.() ?? [],
+    );
     const ids = refused.map((r) => r.instanceId).join(",");
     if (ids && ids !== this.refused)
       this.deps.logger.warn(

@@ -113,11 +113,13 @@ function instance(w: Worker, versionId: string, status = "ACTIVE") {
   };
 }
 
-function report(api: ApiFixture, instances: unknown[], reporter = `kubernetes-${CLUSTER}`) {
+/** A status report as a compute agent sends it; an enrolled cluster's reporter adds its agent's token as proof. */
+function reportAs(api: ApiFixture, instances: unknown[], o: { reporter?: string; proofs?: string[] } = {}) {
   return call(`${api.url}/v1/internal/instances`, {
     method: "PUT",
     token: api.serviceToken("compute"),
-    body: { reporter, instances },
+    body: { reporter: o.reporter ?? `kubernetes-${CLUSTER}`, instances },
+    ...(o.proofs ? { headers: { "x-callplane-cluster-proof": o.proofs.join(",") } } : {}),
   });
 }
 
@@ -221,6 +223,26 @@ test(
     assert.equal(r.status, 200, r.text);
     assert.equal(r.body.changed, true);
     assert.match(String(r.body.updatedBy), /^agent:system:serviceaccount:nvcf:compute-agent$/);
+    // the first agent to prove the cluster is pinned: another account of the cluster (anyone who may
+    // make a pod can have a token of nvcf-icms:c1 minted for some account) proves nothing from now on
+    assert.equal(r.body.agentSubject, "system:serviceaccount:nvcf:compute-agent");
+    await k.createServiceAccount("nvcf", "intruder");
+    const intruder = await k.tokenFor("nvcf", "intruder", { audiences: [aud(CLUSTER)] });
+    r = await putKeys(api, CLUSTER, compute, { issuer: k.issuer, jwks, proofs: [intruder] });
+    assert.equal(r.status, 403, r.text);
+    assert.match(
+      String(r.body.detail),
+      /not of the cluster's compute agent system:serviceaccount:nvcf:compute-agent/,
+    );
+
+    // an enrolled cluster's instance reports must carry its agent's proof: the shared compute
+    // token alone cannot rewrite (or empty) them
+    for (const proofs of [undefined, [worker.token], [intruder]]) {
+      const rep = await reportAs(api, [], proofs ? { proofs } : {});
+      assert.equal(rep.status, 403, rep.text);
+      assert.equal(rep.body.code, "CLUSTER_PROOF_REFUSED");
+    }
+    assert.equal((await reportAs(api, [], { proofs: [agentToken] })).status, 204);
   },
 );
 
@@ -231,10 +253,14 @@ test(
     const s = await setup(t);
     const { k, api, admin, jwks } = s;
     assert.equal((await putKeys(api, CLUSTER, admin, { issuer: k.issuer, jwks })).status, 200);
+    // the agent's own token proves its reports (the first proof pins it as the cluster's agent)
+    const proofs = [await k.tokenFor("nvcf", "compute-agent", { audiences: [aud(CLUSTER)] })];
+    const report = (instances: unknown[], reporter?: string) =>
+      reportAs(api, instances, { proofs, ...(reporter ? { reporter } : {}) });
 
     const a = await makeWorker(k);
     const b = await makeWorker(k);
-    assert.equal((await report(api, [instance(a, "v-a"), instance(b, "v-b")])).status, 204);
+    assert.equal((await report([instance(a, "v-a"), instance(b, "v-b")])).status, 204);
 
     // the good one: the user and permissions of its own instance's version
     const ok = await login(api, a.token);
@@ -351,7 +377,7 @@ test(
 
     // a deleted pod: once its instance is gone from the report, its token is refused (and a pod made
     // again under the name has a new uid, which the old token does not carry)
-    assert.equal((await report(api, [instance(a, "v-a")])).status, 204);
+    assert.equal((await report([instance(a, "v-a")])).status, 204);
     await k.admin.delete(kubePaths.pods(NS, b.pod.name), { gracePeriodSeconds: 0 });
     await refused(s, b.token, "WORKER_TOKEN_REVOKED", /no live instance/);
     await k.admin.delete(kubePaths.pods(NS, a.pod.name), { gracePeriodSeconds: 0 });
@@ -366,21 +392,21 @@ test(
       },
     });
     const a2 = { ...a, pod: { name: a.pod.name, uid: again.metadata!.uid! } };
-    assert.equal((await report(api, [instance(a2, "v-a")])).status, 204);
+    assert.equal((await report([instance(a2, "v-a")])).status, 204);
     await refused(s, a.token, "WORKER_TOKEN_REVOKED", /not the pod of instance/);
     const fresh = await k.tokenFor(NS, a.sa.name, { audiences: [aud(CLUSTER)], boundPod: a2.pod });
     assert.equal((await login(api, fresh)).status, 200, "the new pod's token is taken");
 
     // an instance's end refuses its worker at once
-    assert.equal((await report(api, [instance(a2, "v-a", "TERMINATED")])).status, 204);
+    assert.equal((await report([instance(a2, "v-a", "TERMINATED")])).status, 204);
     await refused(s, fresh, "WORKER_TOKEN_REVOKED", /no live instance/);
 
     // another agent cannot take over (or re-identify) an instance c1's agent reports
-    assert.equal((await report(api, [instance(a2, "v-a")])).status, 204);
+    assert.equal((await report([instance(a2, "v-a")])).status, 204);
+    // (a cluster not enrolled needs no proof: none of its workers' tokens verifies anyway)
     const hijack = await report(
-      api,
       [{ ...instance(a2, "v-b"), workerAuth: instance(b, "v-b").workerAuth }],
-      "kubernetes-c2",
+      "kubernetes-c9",
     );
     assert.equal(hijack.status, 200, hijack.text);
     assert.deepEqual(

@@ -210,7 +210,8 @@ export const MIGRATIONS: readonly Migration[] = [
     part: "store",
     name: "each cluster's service-account keys, each instance's worker subject",
     // a cluster's key set is one JSON document replaced in one statement, as its instance types are:
-    // no replica verifies against half an old set. worker_sub is the pod service account a worker's
+    // no replica verifies against half an old set. agent_subject: the service account of the
+    // cluster's compute agent, pinned by its first proof (NULL until then): only it proves after. worker_sub is the pod service account a worker's
     // token names (NULL for instances without a pod identity), indexed: a pod token is looked up by it.
     sql: (t) => `
       CREATE TABLE cluster_keys (
@@ -218,6 +219,7 @@ export const MIGRATIONS: readonly Migration[] = [
         issuer      TEXT NOT NULL,
         jwks        TEXT NOT NULL,
         jwks_hash   TEXT NOT NULL,
+        agent_subject TEXT,
         updated_by  TEXT NOT NULL,
         updated_at  ${t.isoTime} NOT NULL
       );

@@ -64,6 +64,7 @@ async function registerClusterKeys(deps: ApiDeps, { req, res, params }: RequestC
     );
   const current = await deps.store.clusterKeys(clusterId);
   let updatedBy: string;
+  let agentSubject: string | undefined;
   if (p.kind === "service") {
     requireScope(p, "internal:clusters");
     if (!current)
@@ -71,47 +72,68 @@ async function registerClusterKeys(deps: ApiDeps, { req, res, params }: RequestC
         "CLUSTER_NOT_ENROLLED",
         `cluster ${clusterId} has no keys on record: its first keys come from an admin (scope cluster-management). Enroll it with \`callplane cluster enroll ${clusterId}\`, or give the compute agent an admin token once (compute.kubernetes.enrollmentTokenFile)`,
       );
-    const proof = await deps.trust.podTokens.proveCluster(clusterId, body.proofs);
+    const proof = await deps.trust.podTokens.proveCluster(current, body.proofs);
     if (!proof.ok)
       throw new CallplaneError(
         "CLUSTER_PROOF_REFUSED",
         `no proof verifies against the keys on record for cluster ${clusterId}: ${proof.reasons.join("; ")}. If the cluster's signing key changed while its agent could not push, enroll it again with an admin credential (\`callplane cluster enroll ${clusterId}\`)`,
       );
     updatedBy = `agent:${proof.subject}`;
+    // the first agent to prove the cluster after its enrollment is its agent from then on
+    agentSubject = current.agentSubject ?? proof.subject;
   } else {
     // clusters belong to the plane: a plane-wide admin token (checked above; an API key or an
-    // account's token is refused before the body is read)
+    // account's token is refused before the body is read). An enrollment resets the agent: the one
+    // whose proof comes with it (an agent enrolling with enrollmentTokenFile), else the next to prove.
     requireScope(p, "cluster-management");
     updatedBy = `admin:${p.subject}`;
+    const proof = await deps.trust.podTokens.proveCluster(
+      { clusterId, issuer: body.issuer, jwks: checked.jwks },
+      body.proofs,
+    );
+    agentSubject = proof.ok ? proof.subject : undefined;
   }
   const hash = jwksHash(checked.jwks);
   const changed = !current || current.jwksHash !== hash || current.issuer !== body.issuer;
   const updatedAt = changed ? new Date().toISOString() : current.updatedAt;
   const keyIds = checked.jwks.keys.map((k) => String(k.kid));
-  if (changed) {
+  if (changed || current.agentSubject !== agentSubject) {
     await deps.store.setClusterKeys({
       clusterId,
       issuer: body.issuer,
       jwks: checked.jwks,
       jwksHash: hash,
-      updatedBy,
+      agentSubject,
+      updatedBy: changed ? updatedBy : current.updatedBy,
       updatedAt,
     });
     deps.trust.podTokens.forget(clusterId);
+  }
+  if (changed)
     deps.logger.info(
       {
         clusterId,
         issuer: body.issuer,
         keyIds,
         by: updatedBy,
+        agentSubject: agentSubject ?? null,
         before: current
           ? { issuer: current.issuer, keyIds: current.jwks.keys.map((k) => String(k.kid)) }
           : null,
       },
       current ? "cluster keys replaced" : "cluster enrolled",
     );
-  }
-  sendJson(res, 200, { clusterId, issuer: body.issuer, keyIds, changed, updatedAt, updatedBy });
+  else if (current.agentSubject !== agentSubject)
+    deps.logger.info({ clusterId, agentSubject: agentSubject ?? null }, "cluster agent pinned");
+  sendJson(res, 200, {
+    clusterId,
+    issuer: body.issuer,
+    keyIds,
+    changed,
+    updatedAt,
+    updatedBy: changed || !current ? updatedBy : current.updatedBy,
+    agentSubject: agentSubject ?? null,
+  });
 }
 
 async function registerInstanceTypes(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {

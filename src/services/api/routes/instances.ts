@@ -4,6 +4,8 @@
 // Each live instance's worker identity is kept with it (Store.workerAuthOf), never a token.
 import { z } from "zod";
 import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
+import { CallplaneError } from "../../../lib/errors.js";
+import { CLUSTER_REPORTER_PREFIX } from "../pod-tokens.js";
 import { parseBody, safeText } from "../schemas.js";
 import type { WorkerAuth } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
@@ -74,9 +76,38 @@ export function addInstanceRoutes(router: Router, deps: ApiDeps): void {
   router.add("PUT", "/v1/internal/instances", (ctx) => reportInstances(deps, ctx));
 }
 
+/** The proof header of a report: the agent's own projected token(s), comma-separated (a JWT has no comma). */
+export const CLUSTER_PROOF_HEADER = "x-callplane-cluster-proof";
+
+/**
+ * Every cluster's agent holds the same compute service token, so the reporter name alone does not
+ * say which cluster speaks: a report as an enrolled cluster's agent (kubernetes-<clusterId>) must
+ * carry that agent's proof, or another agent could rewrite (or empty) its instances and so refuse
+ * its workers.
+ */
+async function checkReporter(deps: ApiDeps, req: RequestContext["req"], reporter: string): Promise<void> {
+  if (!reporter.startsWith(CLUSTER_REPORTER_PREFIX)) return;
+  const clusterId = reporter.slice(CLUSTER_REPORTER_PREFIX.length);
+  const keys = await deps.store.clusterKeys(clusterId);
+  if (!keys) return; // not enrolled: no token of its workers verifies anyway
+  const header = req.headers[CLUSTER_PROOF_HEADER];
+  const proofs = (Array.isArray(header) ? header.join(",") : (header ?? ""))
+    .split(",")
+    .map((x) => x.trim())
+    .filter(Boolean)
+    .slice(0, 2);
+  const proof = await deps.trust.podTokens.proveCluster(keys, proofs);
+  if (!proof.ok)
+    throw new CallplaneError(
+      "CLUSTER_PROOF_REFUSED",
+      `a report as ${reporter} must prove it comes from cluster ${clusterId}'s compute agent (its projected token in ${CLUSTER_PROOF_HEADER}): ${proof.reasons.join("; ")}`,
+    );
+}
+
 async function reportInstances(deps: ApiDeps, { req, res }: RequestContext): Promise<void> {
   await deps.auth.authorize(req, "internal:instances");
   const body = parseBody(instanceReportSchema, await readJsonBody(deps, req));
+  await checkReporter(deps, req, body.reporter);
   // a terminated instance's worker identity is dropped, as ICMS deletes it on a terminal update:
   // nothing may be checked against an instance that no longer runs
   const { refused, ended } = await deps.store.reportInstances(

@@ -253,9 +253,17 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
     },
     async setClusterKeys(k) {
       await q(
-        `INSERT INTO cluster_keys (cluster_id, issuer, jwks, jwks_hash, updated_by, updated_at) VALUES (?, ?, ?, ?, ?, ?)
-         ON CONFLICT (cluster_id) DO UPDATE SET issuer = excluded.issuer, jwks = excluded.jwks, jwks_hash = excluded.jwks_hash, updated_by = excluded.updated_by, updated_at = excluded.updated_at`,
-        [k.clusterId, k.issuer, JSON.stringify(k.jwks), k.jwksHash, k.updatedBy, k.updatedAt],
+        `INSERT INTO cluster_keys (cluster_id, issuer, jwks, jwks_hash, agent_subject, updated_by, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (cluster_id) DO UPDATE SET issuer = excluded.issuer, jwks = excluded.jwks, jwks_hash = excluded.jwks_hash, agent_subject = excluded.agent_subject, updated_by = excluded.updated_by, updated_at = excluded.updated_at`,
+        [
+          k.clusterId,
+          k.issuer,
+          JSON.stringify(k.jwks),
+          k.jwksHash,
+          k.agentSubject ?? null,
+          k.updatedBy,
+          k.updatedAt,
+        ],
       );
     },
     async registerCluster(c) {

@@ -68,6 +68,7 @@ export interface ClusterKeysRow {
   issuer: string;
   jwks: string;
   jwks_hash: string;
+  agent_subject: string | null;
   updated_by: string;
   updated_at: string;
 }
@@ -140,6 +141,7 @@ export const clusterKeysFromRow = (r: ClusterKeysRow): ClusterKeysRecord => ({
   issuer: r.issuer,
   jwks: JSON.parse(r.jwks) as ClusterKeysRecord["jwks"],
   jwksHash: r.jwks_hash,
+  agentSubject: r.agent_subject ?? undefined,
   updatedBy: r.updated_by,
   updatedAt: r.updated_at,
 });

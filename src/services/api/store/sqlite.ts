@@ -195,9 +195,17 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
     },
     async setClusterKeys(k) {
       db.prepare(
-        `INSERT INTO cluster_keys (cluster_id, issuer, jwks, jwks_hash, updated_by, updated_at) VALUES (?, ?, ?, ?, ?, ?)
-         ON CONFLICT(cluster_id) DO UPDATE SET issuer = excluded.issuer, jwks = excluded.jwks, jwks_hash = excluded.jwks_hash, updated_by = excluded.updated_by, updated_at = excluded.updated_at`,
-      ).run(k.clusterId, k.issuer, JSON.stringify(k.jwks), k.jwksHash, k.updatedBy, k.updatedAt);
+        `INSERT INTO cluster_keys (cluster_id, issuer, jwks, jwks_hash, agent_subject, updated_by, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT(cluster_id) DO UPDATE SET issuer = excluded.issuer, jwks = excluded.jwks, jwks_hash = excluded.jwks_hash, agent_subject = excluded.agent_subject, updated_by = excluded.updated_by, updated_at = excluded.updated_at`,
+      ).run(
+        k.clusterId,
+        k.issuer,
+        JSON.stringify(k.jwks),
+        k.jwksHash,
+        k.agentSubject ?? null,
+        k.updatedBy,
+        k.updatedAt,
+      );
     },
     async registerCluster(c) {
       db.prepare(

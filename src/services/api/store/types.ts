@@ -106,6 +106,11 @@ export interface ClusterKeysRecord {
   jwks: Jwks;
   /** Canonical hash of jwks: tells a push that changed nothing from one that did. */
   jwksHash: string;
+  /**
+   * The service account of the cluster's compute agent: pinned by the first proof that verified; from
+   * then on only a token of this subject proves the cluster (key pushes, instance reports).
+   */
+  agentSubject?: string | undefined;
   /** Who registered them: `admin:<subject>` (an enrollment) or `agent:<subject of its proof>`. */
   updatedBy: string;
   updatedAt: string;

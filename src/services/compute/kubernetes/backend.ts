@@ -321,6 +321,11 @@ export class KubernetesBackend implements ComputeBackend<PodInstance> {
     }
   }
 
+  /** The agent's own projected tokens (current, and the previous while it lives): its cluster's proof. */
+  reportProofs(): string[] {
+    return this.clusterKeys?.proofs() ?? [];
+  }
+
   /**
    * Stops watching and registering keys (a push under way is aborted); provisionings under way are
    * undone; the pods stay (the next start adopts them).

@@ -202,7 +202,7 @@ export class ClusterKeysPublisher {
   }
 
   /** The current token, and the previous one while it has not expired (newest first). */
-  private proofs(): string[] {
+  proofs(): string[] {
     const proofs = this.current ? [this.current.token] : [];
     const p = this.previous;
     if (p?.exp !== undefined && p.exp * 1000 > Date.now()) proofs.push(p.token);
