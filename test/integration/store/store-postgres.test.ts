@@ -231,8 +231,15 @@ for (const [kind, open] of stores) {
       updatedAt: new Date().toISOString(),
     };
     await s.setClusterKeys(keys);
-    assert.deepEqual(await s.clusterKeys("c1"), keys);
-    const replaced = { ...keys, issuer: "https://other.example", jwksHash: "h2", updatedBy: "agent:x" };
+    // no agent pinned yet: the field reads back as absent
+    assert.deepEqual(await s.clusterKeys("c1"), { ...keys, agentSubject: undefined });
+    const replaced = {
+      ...keys,
+      issuer: "https://other.example",
+      jwksHash: "h2",
+      agentSubject: "system:serviceaccount:nvcf:compute-agent",
+      updatedBy: "agent:x",
+    };
     await s.setClusterKeys(replaced);
     assert.deepEqual(await s.clusterKeys("c1"), replaced);
   });
