@@ -4,6 +4,7 @@
 // unaccounted (sent and never settled: must be zero).
 import { spawn } from "node:child_process";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { repoRoot } from "../../testkit/index.js";
 
 export interface LoadResult {
@@ -105,13 +106,23 @@ export function startLoad(kind: "http" | "grpc", target: string, o: LoadOptions 
     started,
     progress: () => last,
     async untilSent(n, timeoutMs = 60_000) {
-      await started;
-      const from = last?.sent ?? 0;
       const deadline = Date.now() + timeoutMs;
+      // every wait is bounded: a load generator that goes silent (no line at all) fails here, by its
+      // deadline, instead of holding the case until the runner's 600 s
+      const until = (p: Promise<unknown>) =>
+        Promise.race([p, sleep(Math.max(0, deadline - Date.now()), undefined, { ref: false })]);
+      await until(started);
+      const from = last?.sent ?? 0;
       while ((last?.sent ?? 0) < from + n) {
-        if (Date.now() > deadline || child.exitCode !== null)
-          throw new Error(`the load sent ${(last?.sent ?? 0) - from} of ${n} requests in time\n${stderr}`);
-        await new Promise<void>((r) => waiters.push(r));
+        if (Date.now() >= deadline || child.exitCode !== null) {
+          // the load stops sending (SIGTERM: it drains and prints its result, which stop() reads), so
+          // a case that fails here does not leave it running into the next case
+          if (child.exitCode === null) child.kill("SIGTERM");
+          throw new Error(
+            `the load sent ${(last?.sent ?? 0) - from} of ${n} requests in ${timeoutMs} ms (exit ${child.exitCode})\n${stderr}`,
+          );
+        }
+        await until(new Promise<void>((r) => waiters.push(r)));
       }
     },
     async stop() {
