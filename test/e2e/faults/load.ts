@@ -80,7 +80,16 @@ export function startLoad(kind: "http" | "grpc", target: string, o: LoadOptions 
   let startedResolve!: (ms: number) => void;
   const started = new Promise<number>((r) => (startedResolve = r));
   let result: LoadResult | undefined;
-  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  // a load outlives nothing: when the suite's process ends (a case that hung past the runner's
+  // timeout never stops its load), the generator goes with it instead of running its 3600 s
+  const orphaned = () => child.kill("SIGKILL");
+  process.once("exit", orphaned);
+  const exited = new Promise<void>((resolve) =>
+    child.once("exit", () => {
+      process.off("exit", orphaned);
+      resolve();
+    }),
+  );
   const waiters: Array<() => void> = [];
   child.stderr.on("data", (d: Buffer) => (stderr = (stderr + d.toString()).slice(-8192)));
   child.stdout.on("data", (d: Buffer) => {
