@@ -128,22 +128,36 @@ function asJwks(v: unknown, from: string): Jwks {
 }
 
 /** A GET with a deadline and a size limit; answers the parsed JSON of a 200, or throws why not. */
-async function getJson(
+function getJson(
   url: string,
   dispatcher: Dispatcher,
   headers: Record<string, string>,
   signal: AbortSignal,
 ): Promise<unknown> {
+  return readJson(
+    url,
+    (deadline) =>
+      request(url, {
+        method: "GET",
+        dispatcher,
+        headers,
+        signal: deadline,
+        headersTimeout: REQUEST_TIMEOUT_MS,
+        bodyTimeout: REQUEST_TIMEOUT_MS,
+      }),
+    signal,
+  );
+}
+
+/** Sends (`open`, given the request's deadline) and reads the answer: a 200's JSON, at most MAX_DOCUMENT_BYTES. */
+async function readJson(
+  url: string,
+  open: (deadline: AbortSignal) => Promise<Dispatcher.ResponseData>,
+  signal: AbortSignal,
+): Promise<unknown> {
   let res: Dispatcher.ResponseData;
   try {
-    res = await request(url, {
-      method: "GET",
-      dispatcher,
-      headers,
-      signal: AbortSignal.any([signal, AbortSignal.timeout(REQUEST_TIMEOUT_MS)]),
-      headersTimeout: REQUEST_TIMEOUT_MS,
-      bodyTimeout: REQUEST_TIMEOUT_MS,
-    });
+    res = await open(AbortSignal.any([signal, AbortSignal.timeout(REQUEST_TIMEOUT_MS)]));
   } catch (err) {
     const code = (err as { code?: string }).code;
     throw new Error(`GET ${url}: ${(err as Error).message}${code ? ` (${code})` : ""}`);
@@ -253,14 +267,19 @@ export class KeysFinder {
   /** The API server's own set, with the agent's credential (not every cluster lets anyone read it). */
   private async apiServerKeys(token: IdentityToken, signal: AbortSignal): Promise<Jwks> {
     const { kube } = this.opts;
-    const url = kube.url("/openid/v1/jwks");
-    const bearer = kube.bearer();
-    // (KubeClient.request asks for application/json, which 1.20 answers 406 here)
+    const path = "/openid/v1/jwks";
+    const url = kube.url(path);
+    // (1.20 answers 406 to KubeClient's default application/json here)
     const jwks = asJwks(
-      await getJson(
+      await readJson(
         url,
-        kube.dispatcher,
-        { accept: "application/jwk-set+json", ...(bearer ? { authorization: `Bearer ${bearer}` } : {}) },
+        (deadline) =>
+          kube.send("GET", path, {
+            accept: "application/jwk-set+json",
+            signal: deadline,
+            timeoutMs: REQUEST_TIMEOUT_MS,
+            bodyTimeoutMs: REQUEST_TIMEOUT_MS,
+          }),
         signal,
       ),
       url,
