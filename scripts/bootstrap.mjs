@@ -100,7 +100,17 @@ function ensureNatsServer() {
   });
   const path = out.trim().split("\n").pop();
   process.env.CALLPLANE_NATS_SERVER = path;
+  ensureHaproxy();
   return path;
+}
+
+// HAProxy is the worker callback proxy: found, or Debian's package fetched into .tools/haproxy/.
+function ensureHaproxy() {
+  const out = run("bash", [join(root, "scripts", "ensure-haproxy.sh")], {
+    capture: true,
+    what: "finding haproxy",
+  });
+  process.env.CALLPLANE_HAPROXY = out.trim().split("\n").pop();
 }
 
 // The kubernetes compute backend's tests run a real kube-apiserver (and kube-controller-manager) with
