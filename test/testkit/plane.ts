@@ -2,7 +2,7 @@
 // invocation replicas and worker agents beside an example inference server, and optionally a worker
 // callback proxy with a test PKI. Services run in this process on 127.0.0.1:0 unless a test asks
 // for other loopback addresses (replicaHosts) or child processes.
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import type { IncomingMessage, Server, ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -172,6 +172,8 @@ export interface PlaneProxy {
   podPort: number;
   /** The proxy's access-log lines (one per callback). */
   accessLog(): Array<Record<string, unknown>>;
+  /** Callbacks the proxy has logged, all or those of one outcome (forwarded, refused_path, ...). */
+  callbacks(outcome?: string): number;
 }
 
 export interface PlaneOptions {
@@ -401,31 +403,33 @@ async function startPlaneProxy(
   const frontend = new TlsReloader(
     "frontend",
     { certFile: join(frontendDir, TLS_FILES.cert), keyFile: join(frontendDir, TLS_FILES.key) },
-    (m) => proxy.setFrontend(m),
+    (m) => void proxy.setFrontend(m),
     logger,
     registry,
   );
-  const podCa = new TlsReloader("pod-ca", { caFile }, (m) => proxy.setPodCa(m.ca!), logger, registry);
+  const podCa = new TlsReloader("pod-ca", { caFile }, (m) => void proxy.setPodCa(m.ca!), logger, registry);
+  const port = await freePort(host);
   const proxy: CallbackProxy = createCallbackProxy({
-    listen: { host, port: 0 },
+    listen: { host, port },
+    metricsListen: { host, port: await freePort(host) },
     serviceDomain: "nvcf.svc.cluster.local",
+    workerDomain: "worker.callplane.test",
     podNetworks: replicaHosts.map((h) => `${h}/32`),
     upstreamTls: true,
     podPort,
-    connectEnabled: false,
     frontend: { cert: frontend.material.cert!, key: frontend.material.key! },
     podCa: podCa.material.ca!,
     timeouts: { headersMs: 10_000, idleMs: 60_000, connectMs: 2000 },
     maxHeaderBytes: 16 * 1024,
-    connectionsPerPod: 64,
+    shutdownGraceMs: 10_000,
     logger,
-    registry,
+    onAccessLog: (line) => appendFileSync(accessLogFile, `${line}\n`),
   });
-  const port = Number((await proxy.listen()).port);
-  t.after(() => {
+  await proxy.listen();
+  t.after(async () => {
     frontend.close();
     podCa.close();
-    proxy.destroy();
+    await proxy.close(2000);
   });
   const uri = `https://invocation.worker.callplane.test:${port}`;
   return {
@@ -449,6 +453,9 @@ async function startPlaneProxy(
       caFile,
       podPort,
       accessLog: () => readLog(accessLogFile).filter((l) => l.msg === "callback"),
+      callbacks: (outcome) =>
+        readLog(accessLogFile).filter((l) => l.msg === "callback" && (!outcome || l.outcome === outcome))
+          .length,
     },
   };
 }

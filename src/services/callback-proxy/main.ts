@@ -1,7 +1,6 @@
 import { parseHostPort } from "../../lib/net/index.js";
 import { runService } from "../../lib/process/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
-import { Router, createHttpService } from "../../lib/http/index.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { createCallbackProxy } from "./service.js";
 
@@ -13,30 +12,31 @@ runService(
       throw new Error(
         "workerCallbackProxy.enabled is false: the callback proxy is turned off and must not be started",
       );
+    // the reloads are logged; HAProxy's own exporter serves the proxy's metrics
     const registry = createRegistry("callback-proxy");
     const frontend = new TlsReloader(
       "frontend",
       { certFile: p.tls.frontend.certFile, keyFile: p.tls.frontend.keyFile },
-      (m) => proxy.setFrontend(m),
+      (m) => void proxy.setFrontend(m),
       logger,
       registry,
     );
     const podCa = new TlsReloader(
       "pod-ca",
       { caFile: config.pki.caCertFile },
-      (m) => proxy.setPodCa(m.ca!),
+      (m) => void proxy.setPodCa(m.ca!),
       logger,
       registry,
     );
     const proxy = createCallbackProxy({
       listen: parseHostPort(p.listen),
+      metricsListen: parseHostPort(p.metricsListen),
       serviceDomain: config.global.serviceDomain,
       workerDomain: p.workerDomain,
       grpcPodPort: config.grpcproxy.replicaCount > 0 ? config.grpcproxy.workerTlsPort : undefined,
       podNetworks: [...p.podNetworks],
       upstreamTls: p.invocation.upstreamTls.enabled,
       podPort: p.invocation.upstreamTls.enabled ? p.invocation.workerTlsPort : config.invocation.port,
-      connectEnabled: p.invocation.connect.enabled,
       frontend: { cert: frontend.material.cert!, key: frontend.material.key! },
       podCa: podCa.material.ca!,
       timeouts: {
@@ -45,34 +45,18 @@ runService(
         connectMs: p.timeouts.connectSeconds * 1000,
       },
       maxHeaderBytes: p.maxHeaderBytes,
-      connectionsPerPod: p.upstreamConnectionsPerPod,
+      shutdownGraceMs: p.shutdownGraceSeconds * 1000,
       logger,
-      registry,
     });
-    // /health and /metrics live on their own plain listener: the worker-facing frontend answers
-    // nothing but callbacks
-    const admin = createHttpService({
-      name: "callback-proxy-admin",
-      listen: parseHostPort(p.metricsListen),
-      logger,
-      registry,
-      router: new Router(),
-      ready: () => !proxy.draining,
-    });
-    const url = await proxy.listen();
-    const metrics = await admin.listen();
+    const urls = await proxy.listen();
     return {
-      urls: { proxy: url.origin, metrics: metrics.origin },
+      urls: { proxy: urls.proxy.origin, metrics: urls.metrics.origin },
       async close(g, delay) {
         frontend.close();
         podCa.close();
         await proxy.close(g, delay);
-        await admin.close(1000);
       },
-      destroy: () => {
-        proxy.destroy();
-        admin.destroy();
-      },
+      destroy: () => proxy.destroy(),
     };
   },
   {

@@ -1,165 +1,201 @@
-// The worker callback proxy: a TLS front door for workers in other networks. Each callback is a
-// forward-proxy request (absolute-form target, inside the TLS session to the proxy) that names the
-// pod holding the request; the proxy checks it (target.ts), opens its own TLS session to that pod
-// (verifying the pod certificate against the stack CA and the pod name), and streams both ways
-// with backpressure. Everything else is refused before any connection upstream is opened, and
-// every callback is one JSON access-log line.
-//
-// This file is the lifecycle shell: it builds the shared context (context.ts), the HTTP server for
-// callbacks (callbacks.ts) and CONNECT tunnels (connect.ts), the TLS front door that routes gRPC
-// tunnels by server name (sni-tunnels.ts), and starts and stops them.
-import {
-  createServer as createHttpServer,
-  type IncomingMessage,
-  type Server,
-  type ServerResponse,
-} from "node:http";
-import type { Socket } from "node:net";
-import { createSecureContext, type TLSSocket } from "node:tls";
-import { silentLogger } from "../../lib/log.js";
-import { createRegistry } from "../../lib/metrics.js";
-import { parseCidr } from "../../lib/net/index.js";
-import { createTlsFrontend } from "../../lib/tls/index.js";
+// The worker callback proxy: HAProxy, configured from callplane's settings (haproxy-config.ts) and
+// kept by this process. This shell writes HAProxy's files (configuration, frontend PEM, pod CA)
+// into a private folder, starts HAProxy, hands its access-log lines on, replaces certificates
+// through the runtime API (no reload, no connection dropped), and drains and stops it.
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { connect as netConnect } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { writeFileAtomic } from "../../lib/fs.js";
+import { silentLogger, type Logger } from "../../lib/log.js";
+import type { HostPort } from "../../lib/net/index.js";
+import { formatHostPort } from "../../lib/net/index.js";
 import type { TlsMaterial } from "../../lib/tls/index.js";
-import { HttpCallbacks, podAgent } from "./callbacks.js";
-import { handleConnect } from "./connect.js";
-import { createMetrics, type CallbackProxyOptions, type ProxyContext } from "./context.js";
-import { grpcPod, routeGrpc } from "./sni-tunnels.js";
+import {
+  haproxyConfig,
+  haproxyErrorFiles,
+  READY_SERVER,
+  type HaproxyConfigOptions,
+} from "./haproxy-config.js";
+import {
+  checkHaproxyConfig,
+  haproxyBinary,
+  haproxyCommand,
+  startHaproxy,
+  type HaproxyProcess,
+} from "./haproxy.js";
 
-export type { CallbackProxyOptions } from "./context.js";
+export interface CallbackProxyOptions extends Omit<HaproxyConfigOptions, "files"> {
+  /** Frontend certificate (with its chain) and key, for *.<workerDomain>. */
+  frontend: { cert: string; key: string };
+  /** CA bundle that pod certificates must chain to. */
+  podCa: string;
+  /** The HAProxy binary (default: haproxyBinary()). */
+  binary?: string;
+  logger?: Logger;
+  /** Each access-log line, as HAProxy writes it (one JSON object); default: standard output. */
+  onAccessLog?: (line: string) => void;
+}
 
-/** While draining, how long a callback connection may sit idle before the proxy ends it. */
-const IDLE_DRAIN_MS = 2000;
+/** How long the stop waits past the grace for HAProxy to end before killing it. */
+const KILL_AFTER_MS = 5000;
 
-// The server name decides, before any HTTP is parsed: a grpc-proxy pod name is a gRPC tunnel,
-// anything else (invocation.<workerDomain>, or no name) an HTTP callback.
-function routeConnection(
-  ctx: ProxyContext,
-  callbacks: HttpCallbacks,
-  server: Server,
-  socket: TLSSocket,
-): void {
-  const label = grpcPod(ctx, socket.servername);
-  if (label !== undefined && label !== "invocation") routeGrpc(ctx, socket, label, performance.now());
-  else {
-    callbacks.adopt(socket);
-    server.emit("connection", socket);
-  }
+function frontendPem(cert: string, key: string): string {
+  return `${cert.trim()}\n${key.trim()}\n`;
+}
+
+function waitListening(addr: HostPort, proc: HaproxyProcess, messages: string[]): Promise<void> {
+  const deadline = Date.now() + 15_000;
+  return new Promise((resolve, reject) => {
+    let exited = false;
+    void proc.exited.then((why) => {
+      exited = true;
+      reject(new Error(`HAProxy ended at start (${why}): ${messages.slice(-5).join(" | ")}`));
+    });
+    const attempt = () => {
+      if (exited) return;
+      const s = netConnect(addr.port, addr.host);
+      s.once("connect", () => {
+        s.destroy();
+        resolve();
+      });
+      s.once("error", () => {
+        s.destroy();
+        if (Date.now() > deadline)
+          reject(new Error(`HAProxy did not listen on ${formatHostPort(addr)} within 15 s`));
+        else setTimeout(attempt, 50);
+      });
+    };
+    attempt();
+  });
 }
 
 export function createCallbackProxy(opts: CallbackProxyOptions) {
-  const registry = opts.registry ?? createRegistry("callback-proxy");
-  // one context per CA bundle, not one parsed per connection
-  const podContext = createSecureContext({ ca: opts.podCa });
-  const ctx: ProxyContext = {
-    opts,
-    logger: opts.logger ?? silentLogger(),
-    rules: {
-      serviceDomain: opts.serviceDomain,
-      port: opts.podPort,
-      podNetworks: opts.podNetworks.map(parseCidr),
-    },
-    metrics: createMetrics(registry),
-    pod: { context: podContext, agent: podAgent(opts, podContext) },
-    workers: new WeakMap(),
+  const logger = opts.logger ?? silentLogger();
+  const binary = opts.binary ?? haproxyBinary();
+  const dir = mkdtempSync(join(tmpdir(), "callplane-haproxy-"));
+  const files = {
+    frontendPem: join(dir, "frontend.pem"),
+    podCa: join(dir, "pod-ca.crt"),
+    adminSocket: join(dir, "admin.sock"),
+    errorDir: join(dir, "errors"),
   };
-  const callbacks = new HttpCallbacks(ctx);
+  mkdirSync(files.errorDir);
+  const configFile = join(dir, "haproxy.cfg");
+  writeFileAtomic(files.frontendPem, frontendPem(opts.frontend.cert, opts.frontend.key), 0o600);
+  writeFileAtomic(files.podCa, opts.podCa, 0o644);
+  for (const [path, text] of Object.entries(haproxyErrorFiles({ ...opts, files })))
+    writeFileAtomic(path, text, 0o644);
+  writeFileAtomic(configFile, haproxyConfig({ ...opts, files }), 0o644);
+  const problem = checkHaproxyConfig(binary, configFile);
+  if (problem) {
+    rmSync(dir, { recursive: true, force: true });
+    throw new Error(`the callback proxy's HAProxy configuration (${configFile}) is refused: ${problem}`);
+  }
 
-  const server = createHttpServer(
-    {
-      maxHeaderSize: opts.maxHeaderBytes,
-      keepAliveTimeout: 65_000,
-      headersTimeout: opts.timeouts.headersMs,
-      requestTimeout: 0,
-      // how often Node looks for heads that take longer than headersTimeout (slowloris); its
-      // default, 30 s, would let a slow client hold a connection far past the limit
-      connectionsCheckingInterval: Math.min(1000, opts.timeouts.headersMs),
-      // a callback without Host is allowed (the target names the pod); Node would answer a bare 400
-      requireHostHeader: false,
-    },
-    (req, res) => callbacks.handle(req, res),
-  );
-  // A connection with no bytes either way for longer than the callback idle timeout ends. It is a
-  // little longer than that timeout, so that a stalled pod is answered 504 before the worker's
-  // connection is cut.
-  server.timeout = opts.timeouts.idleMs + 5000;
-  // The HTTP server never listens itself (the TLS front door hands it connections), and Node starts
-  // its check for heads that arrive too slowly (headersTimeout) on 'listening' only.
-  server.emit("listening");
-  server.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) =>
-    handleConnect(ctx, req, socket, head),
-  );
-  server.on("checkExpectation", (req: IncomingMessage, res: ServerResponse) =>
-    callbacks.refuseExpectation(req, res),
-  );
-  server.on("clientError", (err: NodeJS.ErrnoException, socket: Socket) =>
-    callbacks.refuseUnparsable(err, socket),
-  );
-
-  const frontend = createTlsFrontend({
-    tls: { cert: opts.frontend.cert, key: opts.frontend.key, ALPNProtocols: ["http/1.1"] },
-    route: (socket) => routeConnection(ctx, callbacks, server, socket),
-  });
+  let proc: HaproxyProcess | undefined;
+  let draining = false;
+  const messages: string[] = [];
+  const onAccessLog = opts.onAccessLog ?? ((line: string) => process.stdout.write(`${line}\n`));
+  // HAProxy's configuration is in one place; each update of a file goes through the runtime API
+  // one at a time, so two updates never interleave
+  let updates: Promise<unknown> = Promise.resolve();
+  const update = (what: string, command: string, file: string, pem: string) => {
+    const run = async () => {
+      const set = await haproxyCommand(files.adminSocket, `set ssl ${command} ${file}`, pem);
+      if (!/transaction (created|updated)/i.test(set)) throw new Error(`${what}: ${set}`);
+      const commit = await haproxyCommand(files.adminSocket, `commit ssl ${command} ${file}`);
+      if (!/success/i.test(commit)) throw new Error(`${what}: ${commit}`);
+      logger.info({ what }, "callback proxy certificate replaced");
+    };
+    const next = updates.then(run);
+    updates = next.catch((err: unknown) =>
+      logger.error({ err, what }, "callback proxy certificate not replaced"),
+    );
+    return next;
+  };
 
   return {
-    server: frontend.server,
-    registry,
-    async listen(): Promise<URL> {
-      const url = await frontend.listen(opts.listen.host, opts.listen.port);
-      ctx.logger.info(
+    /** The folder of HAProxy's files (configuration, certificates, admin socket). */
+    dir,
+    configFile,
+    adminSocket: files.adminSocket,
+    get pid(): number | undefined {
+      return proc?.child.pid;
+    },
+    async listen(): Promise<{ proxy: URL; metrics: URL }> {
+      proc = startHaproxy({
+        binary,
+        configFile,
+        onLog: onAccessLog,
+        onMessage: (line) => {
+          messages.push(line);
+          if (messages.length > 50) messages.shift();
+          if (/ALERT|WARNING/.test(line)) logger.warn({ haproxy: line }, "haproxy");
+          else logger.debug({ haproxy: line }, "haproxy");
+        },
+      });
+      void proc.exited.then((why) => {
+        if (!draining) logger.error({ why, messages: messages.slice(-5) }, "haproxy ended unexpectedly");
+      });
+      await waitListening(opts.listen, proc, messages);
+      await waitListening(opts.metricsListen, proc, messages);
+      const proxy = new URL(`https://${formatHostPort(opts.listen)}`);
+      const metrics = new URL(`http://${formatHostPort(opts.metricsListen)}`);
+      logger.info(
         {
-          url: url.origin,
+          url: proxy.origin,
+          metrics: metrics.origin,
+          haproxy: binary,
+          pid: proc.child.pid,
+          config: configFile,
           podNetworks: opts.podNetworks,
           upstreamTls: opts.upstreamTls,
-          connect: opts.connectEnabled,
           grpcPodPort: opts.grpcPodPort,
         },
         "callback proxy listening",
       );
-      return url;
+      return { proxy, metrics };
     },
     /** New frontend certificate: new TLS sessions use it, live ones keep theirs. */
-    setFrontend(m: TlsMaterial): void {
-      frontend.setCertificate(m.cert!, m.key!);
+    setFrontend(m: TlsMaterial): Promise<void> {
+      const pem = frontendPem(m.cert!, m.key!);
+      writeFileAtomic(files.frontendPem, pem, 0o600);
+      return update("frontend certificate", "cert", files.frontendPem, pem);
     },
-    /** New CA bundle for pod certificates. */
-    setPodCa(ca: string): void {
-      ctx.pod.context = createSecureContext({ ca });
-      const old = ctx.pod.agent;
-      ctx.pod.agent = podAgent(opts, ctx.pod.context);
-      void old.close();
+    /** New CA bundle for pod certificates: new connections to pods verify against it. */
+    setPodCa(ca: string): Promise<void> {
+      writeFileAtomic(files.podCa, ca, 0o644);
+      return update("pod CA bundle", "ca-file", files.podCa, ca);
     },
-    /** Whether a stop has begun (the admin listener's /health then answers 503). */
+    /** Whether a stop has begun (/health then answers 503). */
     get draining(): boolean {
-      return callbacks.draining;
+      return draining;
     },
     /**
-     * Drains as balancers expect: readiness fails at once and every answer asks for Connection:
-     * close; callbacks are still taken for `drainDelayMs`, then no new connections, and those in
-     * flight (and gRPC tunnels) get `graceMs` to end.
-     *
-     * Idle connections are not closed the moment the drain begins: a server that closes a
-     * kept-alive connection races the worker's next request on it, which then fails unanswered
-     * (seen in the fault suite: a worker's answer lost, its client waiting). A worker that sends
-     * one more callback on it gets its answer with Connection: close; one that leaves it idle for
-     * IDLE_DRAIN_MS after the drain delay has moved on to another proxy, and it is ended then.
+     * Drains as balancers expect: /health fails at once; callbacks are still taken for
+     * `drainDelayMs`; then HAProxy stops listening and lets callbacks and tunnels in flight finish
+     * within `graceMs` (hard-stop-after), closing idle connections.
      */
-    async close(graceMs = 10_000, drainDelayMs = 0): Promise<void> {
-      callbacks.draining = true;
+    async close(graceMs = opts.shutdownGraceMs, drainDelayMs = 0): Promise<void> {
+      draining = true;
+      const p = proc;
+      if (!p || p.child.exitCode !== null) return this.removeFiles();
+      await haproxyCommand(files.adminSocket, `disable server ${READY_SERVER}`).catch(() => undefined);
       if (drainDelayMs > 0) await new Promise((r) => setTimeout(r, drainDelayMs));
-      // with no drain delay (the whole stack stops) nothing is coming: idle connections end at once
-      const idleMs = drainDelayMs > 0 ? IDLE_DRAIN_MS : 0;
-      callbacks.endIdle(idleMs);
-      const sweep = setInterval(() => callbacks.endIdle(idleMs), 250);
-      await frontend.close(graceMs);
-      clearInterval(sweep);
-      server.close();
-      await ctx.pod.agent.close();
+      p.child.kill("SIGUSR1");
+      const killer = setTimeout(() => p.child.kill("SIGKILL"), graceMs + KILL_AFTER_MS);
+      await p.exited;
+      clearTimeout(killer);
+      this.removeFiles();
     },
     destroy(): void {
-      frontend.destroy();
-      server.close();
-      void ctx.pod.agent.destroy();
+      draining = true;
+      proc?.child.kill("SIGTERM");
+      this.removeFiles();
+    },
+    removeFiles(): void {
+      rmSync(dir, { recursive: true, force: true });
     },
   };
 }

@@ -4,15 +4,12 @@
 import assert from "node:assert/strict";
 import { createServer as createHttpServer } from "node:http";
 import { connect as netConnect, type AddressInfo } from "node:net";
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect as tlsConnect } from "node:tls";
 import { Agent } from "undici";
-import { createLogger } from "../../../src/lib/log.js";
 import { createCallbackProxy } from "../../../src/services/callback-proxy/service.js";
-import { tmpDir } from "../../testkit/index.js";
+import { freePort } from "../../testkit/plane.js";
 import { rawTls, startCountingPod, testPki, type CountingPod, type TestPki } from "../../testkit/tls.js";
 
 const DOMAIN = "nvcf.svc.cluster.local";
@@ -30,7 +27,6 @@ interface Fixture {
 async function fixture(
   t: TestContext,
   opts: {
-    connect?: boolean;
     idleMs?: number;
     headersMs?: number;
     podCert?: "ok" | "other-ca" | "other-name";
@@ -43,37 +39,31 @@ async function fixture(
   if (opts.podCert === "other-name") podCert = await pki.issue([`127-0-0-2.invocation.${DOMAIN}`]);
   const pod = await startCountingPod(t, podCert, opts.podHandler);
   const front = await pki.issue(["*.worker.callplane.test"]);
-  const logFile = join(tmpDir(t), "proxy.log");
-  const logger = createLogger("callback-proxy", { destination: logFile, sync: true });
+  const lines: string[] = [];
   const proxy = createCallbackProxy({
-    listen: { host: "127.0.0.1", port: 0 },
+    listen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
+    metricsListen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
     serviceDomain: DOMAIN,
+    workerDomain: "worker.callplane.test",
     podNetworks: ["127.0.0.0/29"],
     upstreamTls: true,
     podPort: pod.port,
-    connectEnabled: opts.connect ?? false,
     frontend: { cert: front.certPem, key: front.keyPem },
     podCa: pki.ca.certPem,
     timeouts: { headersMs: opts.headersMs ?? 10_000, idleMs: opts.idleMs ?? 30_000, connectMs: 2000 },
     maxHeaderBytes: 16 * 1024,
-    connectionsPerPod: 8,
-    logger,
+    shutdownGraceMs: 5000,
+    onAccessLog: (line) => lines.push(line),
   });
-  const url = await proxy.listen();
-  t.after(() => proxy.destroy());
+  const urls = await proxy.listen();
+  t.after(() => proxy.close(1000));
   return {
     pki,
     pod,
-    proxyPort: Number(url.port),
+    proxyPort: Number(urls.proxy.port),
     target: `http://${POD}:${pod.port}`,
-    accessLog: () => {
-      logger.flush();
-      return readFileSync(logFile, "utf8")
-        .split("\n")
-        .filter(Boolean)
-        .map((l) => JSON.parse(l) as Record<string, unknown>)
-        .filter((l) => l.msg === "callback");
-    },
+    accessLog: () =>
+      lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === "callback"),
   };
 }
 
@@ -116,7 +106,8 @@ test("a well-formed callback reaches the pod with its token, and leaves one acce
   assert.equal(line.outcome, "forwarded");
   assert.equal(line.target, POD);
   assert.equal(line.path, PATH);
-  assert.equal(line.bytesIn, 5);
+  // HAProxy counts the request head as well as the body
+  assert.ok(typeof line.bytesIn === "number" && line.bytesIn > 5, String(line.bytesIn));
   assert.ok(typeof line.bytesOut === "number" && line.bytesOut > 0);
   assert.ok(typeof line.durationMs === "number");
   assert.match(String(line.worker), /^127\.0\.0\.1:\d+$/);
@@ -174,9 +165,12 @@ test("hostile targets and paths are refused without any connection to the pod", 
     ["percent-encoded host", `http://127%2D0-0-1.invocation.${DOMAIN}:${p}${PATH}`, 400],
   ];
   for (const [name, target, want] of corpus) {
+    // the Host header names what the target names, so that the target's own checks are what refuse
+    // it (a Host that disagrees is the next test's)
+    const host = /^[a-z]+:\/\/(?:[^/?#@]*@)?([^/?#]*)/i.exec(target)?.[1] ?? `${POD}:${p}`;
     const r = await rawTls(
       f.proxyPort,
-      req([`POST ${target} HTTP/1.1`, `Host: ${POD}:${p}`, "Content-Length: 0", "Connection: close"]),
+      req([`POST ${target} HTTP/1.1`, `Host: ${host}`, "Content-Length: 0", "Connection: close"]),
       { ca: f.pki.ca.certPem },
     );
     assert.equal(r.status, want, `${name}: ${r.text.split("\r\n")[0]}`);
@@ -192,6 +186,11 @@ test("hostile targets and paths are refused without any connection to the pod", 
   );
 });
 
+// HAProxy's parser refuses a Host that disagrees with an absolute-form target, and a second Host,
+// before any rule of callplane's runs: its answer is its own 400 (HAProxy 2.6 answers its parser's
+// refusals with a built-in page); the rule that would answer PROXY_HOST_MISMATCH stays behind it.
+const HOST_REFUSED = /PROXY_HOST_MISMATCH|400 Bad request/;
+
 test("a Host header that disagrees with the target is refused", async (t) => {
   const f = await fixture(t);
   for (const host of ["evil.example", `127-0-0-2.invocation.${DOMAIN}:${f.pod.port}`, `${POD}:1`]) {
@@ -201,12 +200,12 @@ test("a Host header that disagrees with the target is refused", async (t) => {
       { ca: f.pki.ca.certPem },
     );
     assert.equal(r.status, 400, host);
-    assert.match(r.text, /PROXY_HOST_MISMATCH/);
+    assert.match(r.text, HOST_REFUSED);
   }
-  // two Host headers, the first one right: Node keeps only the first, so it is refused outright
+  // two Host headers, the first one right: refused outright
   const twice = await rawTls(f.proxyPort, post(f, ["Host: evil.example"]), { ca: f.pki.ca.certPem });
   assert.equal(twice.status, 400, twice.text);
-  assert.match(twice.text, /PROXY_HOST_MISMATCH/);
+  assert.match(twice.text, HOST_REFUSED);
   assert.equal(f.pod.connections, 0);
   // no Host at all is fine: the target names the pod, and the pod gets it as Host
   const none = await rawTls(f.proxyPort, post(f).replace(`Host: ${POD}:${f.pod.port}\r\n`, ""), {
@@ -224,7 +223,7 @@ test("an Expect other than 100-continue is 417 with a problem body, never forwar
   assert.equal(f.pod.connections, 0);
 });
 
-test("methods other than GET and POST are refused; CONNECT is refused with 405 when off", async (t) => {
+test("methods other than GET and POST are refused; CONNECT is refused with 405 (no tunnels to invocation pods)", async (t) => {
   const f = await fixture(t);
   const put = await rawTls(
     f.proxyPort,
@@ -247,51 +246,40 @@ test("methods other than GET and POST are refused; CONNECT is refused with 405 w
   assert.equal(f.pod.connections, 0);
 });
 
-test("with CONNECT on, a tunnel opens only to a pod address", async (t) => {
-  const f = await fixture(t, { connect: true });
-  const bad = await rawTls(f.proxyPort, req([`CONNECT example.com:443 HTTP/1.1`, "Host: example.com:443"]), {
-    ca: f.pki.ca.certPem,
-  });
-  assert.equal(bad.status, 400);
-  const outside = await rawTls(
-    f.proxyPort,
-    req([`CONNECT 10-0-0-1.invocation.${DOMAIN}:${f.pod.port} HTTP/1.1`, "Host: x"]),
-    { ca: f.pki.ca.certPem },
-  );
-  assert.equal(outside.status, 403);
-  assert.equal(f.pod.connections, 0);
-  // a real tunnel: CONNECT, then TLS to the pod inside it, verified by the pod's own name
-  const outer = tlsConnect({
-    host: "127.0.0.1",
-    port: f.proxyPort,
-    servername: "invocation.worker.callplane.test",
-    ca: f.pki.ca.certPem,
-  });
-  await new Promise<void>((r) => outer.once("secureConnect", () => r()));
-  outer.write(req([`CONNECT ${POD}:${f.pod.port} HTTP/1.1`, `Host: ${POD}:${f.pod.port}`]));
-  const established = await new Promise<string>((r) => outer.once("data", (d: Buffer) => r(d.toString())));
-  assert.match(established, /^HTTP\/1\.1 200/);
-  const inner = tlsConnect({ socket: outer, servername: POD, ca: f.pki.ca.certPem });
-  await new Promise<void>((r) => inner.once("secureConnect", () => r()));
-  inner.write(req([`GET ${PATH} HTTP/1.1`, `Host: ${POD}`, "Connection: close"]));
-  const answer = await new Promise<string>((r) => {
-    let s = "";
-    inner.on("data", (d: Buffer) => (s += d.toString()));
-    inner.once("end", () => r(s));
-  });
-  assert.match(answer, /^HTTP\/1\.1 200/);
-  outer.destroy();
-});
-
 test("ambiguous framing is refused and the connection closed", async (t) => {
   const f = await fixture(t);
   const target = `${f.target}${PATH}`;
   const host = `Host: ${POD}:${f.pod.port}`;
+  // Content-Length beside Transfer-Encoding: chunked is not refused but made unambiguous, as RFC 9112
+  // (6.3) asks of an intermediary: the Content-Length is removed, the body goes on chunked, and the
+  // worker's connection closes after the answer
+  const both = await rawTls(
+    f.proxyPort,
+    req([`POST ${target} HTTP/1.1`, host, "Content-Length: 5", "Transfer-Encoding: chunked"], "0\r\n\r\n"),
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(both.status, 200, both.text);
+  assert.ok(both.closed, "the connection closes after a request that carried both");
+  assert.equal(f.pod.requests.at(-1)?.headers["content-length"], undefined);
+  assert.equal(f.pod.requests.at(-1)?.body, "");
+  // an obsolete line folding is replaced by a space (RFC 9112 5.2), never passed on as it came
+  const folded = await rawTls(
+    f.proxyPort,
+    req([`POST ${target} HTTP/1.1`, host, "X-Folded: a", " b", "Content-Length: 0", "Connection: close"]),
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(folded.status, 200, folded.text);
+  assert.match(String(f.pod.requests.at(-1)?.headers["x-folded"]), /^a\s+b$/);
+  // a bare LF ending a header line is read as a line end (RFC 9112 2.2); HAProxy writes the head
+  // anew for the pod, so the pod reads what HAProxy read
+  const lf = await rawTls(
+    f.proxyPort,
+    `POST ${target} HTTP/1.1\r\n${host}\nContent-Length: 0\r\nConnection: close\r\n\r\n`,
+    { ca: f.pki.ca.certPem },
+  );
+  assert.equal(lf.status, 200, lf.text);
+  const forwarded = f.pod.connections;
   const corpus: Array<[string, string]> = [
-    [
-      "Content-Length with Transfer-Encoding",
-      req([`POST ${target} HTTP/1.1`, host, "Content-Length: 5", "Transfer-Encoding: chunked"], "0\r\n\r\n"),
-    ],
     [
       "odd Transfer-Encoding (,chunked)",
       req([`POST ${target} HTTP/1.1`, host, "Transfer-Encoding: ,chunked"], "0\r\n\r\n"),
@@ -314,11 +302,6 @@ test("ambiguous framing is refused and the connection closed", async (t) => {
       req([`POST ${target} HTTP/1.1`, host, "Content-Length: 5", "Content-Length: 6"], "hello!"),
     ],
     ["space before the colon", req([`POST ${target} HTTP/1.1`, host, "Content-Length : 5"], "hello")],
-    [
-      "obsolete line folding",
-      req([`POST ${target} HTTP/1.1`, host, "X-Folded: a", " b", "Content-Length: 0"]),
-    ],
-    ["a bare LF line", `POST ${target} HTTP/1.1\r\n${host}\nContent-Length: 0\r\n\r\n`],
     ["a NUL in a header value", req([`POST ${target} HTTP/1.1`, host, "X-A: a\0b", "Content-Length: 0"])],
     ["HTTP/1.32", req([`POST ${target} HTTP/1.32`, host, "Content-Length: 0"])],
   ];
@@ -332,14 +315,14 @@ test("ambiguous framing is refused and the connection closed", async (t) => {
     );
     assert.ok(r.closed, `${name}: the connection must be closed`);
   }
-  assert.equal(f.pod.connections, 0, "no ambiguous request reached the pod");
+  assert.equal(f.pod.connections, forwarded, "no ambiguous request reached the pod");
 });
 
-test("oversized heads are answered 431", async (t) => {
+// HAProxy's parser refuses a head larger than its buffer, or with more than 100 fields, with 400
+test("oversized heads are refused with 400", async (t) => {
   const f = await fixture(t);
   const big = await rawTls(f.proxyPort, post(f, [`X-Big: ${"a".repeat(20_000)}`]), { ca: f.pki.ca.certPem });
-  assert.equal(big.status, 431);
-  assert.match(big.text, /application\/problem\+json[\s\S]*HEADERS_TOO_LARGE/);
+  assert.equal(big.status, 400);
   const many = await rawTls(
     f.proxyPort,
     post(
@@ -348,7 +331,7 @@ test("oversized heads are answered 431", async (t) => {
     ),
     { ca: f.pki.ca.certPem },
   );
-  assert.equal(many.status, 431);
+  assert.equal(many.status, 400);
   assert.equal(f.pod.connections, 0);
 });
 
