@@ -56,6 +56,9 @@ export const workerCallbackProxySection = section({
   drainDelaySeconds: z.number().min(0).max(300).default(5),
   maxHeaderBytes: z.number().int().min(1024).max(65_536).default(16_384),
   upstreamConnectionsPerPod: z.number().int().min(1).max(4096).default(256),
+  // the proxy is HAProxy: one thread carries thousands of callbacks, and leaves the other cores
+  // of a small machine to the plane
+  threads: z.number().int().min(1).max(64).default(1),
 });
 
 export type WorkerCallbackProxyConfig = z.output<typeof workerCallbackProxySection>;
@@ -113,6 +116,15 @@ export function invocationProxyUrlProblems(c: {
     }
   }
   return p;
+}
+
+/** HAProxy carries the callbacks: it forwards absolute-form requests and opens no CONNECT tunnel. */
+export function connectProblems(c: { workerCallbackProxy: WorkerCallbackProxyConfig }): string[] {
+  return c.workerCallbackProxy.invocation.connect.enabled
+    ? [
+        "workerCallbackProxy.invocation.connect.enabled is true, but the callback proxy (HAProxy) offers no CONNECT tunnels to invocation pods: workers send their callbacks as forward-proxy requests with an absolute-form target. Set it to false (or remove it)",
+      ]
+    : [];
 }
 
 /** The frontend certificate comes from one place. */

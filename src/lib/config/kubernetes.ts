@@ -103,6 +103,7 @@ export const kubernetesSection = section({
   image: z.string().default(""),
   imagePullPolicy: z.enum(["IfNotPresent", "Always", "Never"]).default("IfNotPresent"),
   natsImage: z.string().min(1).default("nats:2.10.27-alpine"),
+  haproxyImage: z.string().min(1).default("haproxy:2.6"),
   workerNamespace: k8sName.default("callplane-workers"),
   nats: section({
     storageSize: quantity.default("10Gi"),

@@ -3,7 +3,12 @@
 // problems lists them the same way every time.
 import { issuerListenProblems } from "./admin-issuer.js";
 import { databaseProblems } from "./api.js";
-import { frontendProblems, invocationProxyUrlProblems, splitPlaneProblems } from "./callback-proxy.js";
+import {
+  connectProblems,
+  frontendProblems,
+  invocationProxyUrlProblems,
+  splitPlaneProblems,
+} from "./callback-proxy.js";
 import { restartBackoffProblems, tokenSourceProblems } from "./compute.js";
 import { grpcProxyProblems } from "./grpc-proxy.js";
 import { attachProblems, invocationRelayProblems, pollProblems } from "./invocation.js";
@@ -32,5 +37,6 @@ export function crossFieldProblems(
     ...pollProblems(c),
     ...autoscalingProblems(c),
     ...frontendProblems(c),
+    ...connectProblems(c),
   ];
 }

@@ -38,8 +38,13 @@ export interface HaproxyConfigOptions {
   upstreamTls: boolean;
   podPort: number;
   files: {
-    /** The frontend certificate, its chain and key, in one PEM file. */
+    /**
+     * The frontend certificate and its chain, with its key in the same file, or (with
+     * `frontendKeyBeside`) in the file beside it that has the `.key` extension (a
+     * kubernetes.io/tls Secret's tls.crt and tls.key).
+     */
     frontendPem: string;
+    frontendKeyBeside?: boolean;
     /** The CA bundle pod certificates must chain to. */
     podCa: string;
     /** HAProxy's runtime API socket (certificate updates, the drain). */
@@ -53,6 +58,8 @@ export interface HaproxyConfigOptions {
   shutdownGraceMs: number;
   /** HAProxy threads (default: one per CPU HAProxy may use). */
   threads?: number | undefined;
+  /** The most idle connections to pods kept for reuse (default: HAProxy's, unbounded). */
+  poolMaxConnections?: number | undefined;
 }
 
 /** The backend whose one server stands for readiness: the drain disables it, /health then fails. */
@@ -327,6 +334,7 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
   const gatewayDetail = lf(
     `nothing listens at ${"%[var(txn.podip)]:%[dst_port]"} for the pod ${quoted("var(txn.target)")}, or its TLS session failed (connection: ${quoted("bc_err_str")}; certificate: ${quoted("ssl_bc_err_str")})`,
   );
+  const pool = o.poolMaxConnections ? ` pool-max-conn ${o.poolMaxConnections}` : "";
   const lines = [
     "# written by callplane from its configuration (src/services/callback-proxy/haproxy-config.ts)",
     "global",
@@ -341,6 +349,7 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
     `  tune.http.maxhdr ${MAX_HEADERS}`,
     "  tune.ssl.default-dh-param 2048",
     "  ssl-default-bind-options ssl-min-ver TLSv1.2",
+    ...(o.files.frontendKeyBeside ? ["  ssl-load-extra-del-ext", "  ssl-load-extra-files key"] : []),
     "  ssl-server-verify required",
     "",
     "defaults",
@@ -434,7 +443,9 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
     "  http-request del-header keep-alive",
     "  http-request del-header expect",
     "  http-request set-header host %[var(txn.authority)]",
-    o.upstreamTls ? `  server pod 0.0.0.0:0 ${tlsTo("var(txn.pod)")}` : "  server pod 0.0.0.0:0",
+    o.upstreamTls
+      ? `  server pod 0.0.0.0:0 ${tlsTo("var(txn.pod)")}${pool}`
+      : `  server pod 0.0.0.0:0${pool}`,
     ...gatewayErrors(),
     "",
     "backend grpc_pods",

@@ -7,6 +7,7 @@ import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import type { Logger } from "../../lib/log.js";
 
 /** The HAProxy binary: CALLPLANE_HAPROXY, the PATH, /usr/sbin, or the one the bootstrap fetched. */
 export function haproxyBinary(configured?: string): string {
@@ -80,6 +81,51 @@ export function checkHaproxyConfig(binary: string, configFile: string): string |
   const r = spawnSync(binary, ["-c", "-f", configFile], { encoding: "utf8" });
   if (r.status === 0) return undefined;
   return (r.stderr || r.stdout || r.error?.message || `exit ${r.status}`).trim();
+}
+
+/**
+ * HAProxy's runtime API as the callback proxy uses it: certificates and CA bundles replaced in
+ * place (new TLS sessions use them, live ones keep theirs; nothing is reloaded or dropped), and
+ * readiness withdrawn for a drain. Updates run one at a time, so two never interleave.
+ */
+export class HaproxyRuntime {
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly socketPath: string,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Replaces the certificate HAProxy loaded from `file` (`pem`: certificate, chain and key). */
+  replaceCertificate(file: string, pem: string): Promise<void> {
+    return this.update(`certificate ${file}`, "cert", file, pem);
+  }
+
+  /** Replaces the CA bundle HAProxy loaded from `file`. */
+  replaceCa(file: string, pem: string): Promise<void> {
+    return this.update(`CA bundle ${file}`, "ca-file", file, pem);
+  }
+
+  /** Disables the server that stands for readiness: /health answers 503 from now on. */
+  async withdrawReadiness(server: string): Promise<void> {
+    const out = await haproxyCommand(this.socketPath, `disable server ${server}`);
+    if (out) throw new Error(`disable server ${server}: ${out}`);
+  }
+
+  private update(what: string, kind: "cert" | "ca-file", file: string, pem: string): Promise<void> {
+    const run = async () => {
+      const set = await haproxyCommand(this.socketPath, `set ssl ${kind} ${file}`, pem);
+      if (!/transaction (created|updated)/i.test(set)) throw new Error(`${what}: ${set}`);
+      const commit = await haproxyCommand(this.socketPath, `commit ssl ${kind} ${file}`);
+      if (!/success/i.test(commit)) throw new Error(`${what}: ${commit}`);
+      this.logger.info({ what }, "callback proxy certificate replaced");
+    };
+    const next = this.queue.then(run);
+    this.queue = next.catch((err: unknown) =>
+      this.logger.error({ err, what }, "callback proxy certificate not replaced"),
+    );
+    return next;
+  }
 }
 
 /**

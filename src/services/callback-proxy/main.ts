@@ -1,8 +1,20 @@
+// The callback proxy's process. By default it starts HAProxy with the configuration it writes and
+// keeps it (service.ts). With `--runtime-api <socket>` it is the certificate keeper beside an
+// HAProxy that runs on its own (a Kubernetes pod's haproxy container, configured from the rendered
+// ConfigMap): it watches the same certificate files and replaces them in HAProxy through the
+// runtime API, and when the pod stops it withdraws HAProxy's readiness at once.
 import { parseHostPort } from "../../lib/net/index.js";
-import { runService } from "../../lib/process/index.js";
+import { runService, type Running } from "../../lib/process/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
 import { createRegistry } from "../../lib/metrics.js";
-import { createCallbackProxy } from "./service.js";
+import { READY_SERVER } from "./haproxy-config.js";
+import { HaproxyRuntime } from "./haproxy.js";
+import { createCallbackProxy, frontendPem } from "./service.js";
+
+function runtimeApiFromArgs(argv = process.argv.slice(2)): string | undefined {
+  const i = argv.indexOf("--runtime-api");
+  return i === -1 ? undefined : argv[i + 1];
+}
 
 runService(
   "callback-proxy",
@@ -12,22 +24,56 @@ runService(
       throw new Error(
         "workerCallbackProxy.enabled is false: the callback proxy is turned off and must not be started",
       );
+    const files = {
+      frontend: { certFile: p.tls.frontend.certFile, keyFile: p.tls.frontend.keyFile },
+      ca: { caFile: config.pki.caCertFile },
+    };
     // the reloads are logged; HAProxy's own exporter serves the proxy's metrics
     const registry = createRegistry("callback-proxy");
+    const socket = runtimeApiFromArgs();
+    if (socket) {
+      // HAProxy loaded these very files (the same mounts); they are replaced under the same names
+      const runtime = new HaproxyRuntime(socket, logger);
+      const frontend = new TlsReloader(
+        "frontend",
+        files.frontend,
+        (m) => void runtime.replaceCertificate(files.frontend.certFile, frontendPem(m.cert!, m.key!)),
+        logger,
+        registry,
+      );
+      const podCa = new TlsReloader(
+        "pod-ca",
+        files.ca,
+        (m) => void runtime.replaceCa(files.ca.caFile, m.ca!),
+        logger,
+        registry,
+      );
+      logger.info({ socket }, "keeping the certificates of the callback proxy's HAProxy");
+      const running: Running = {
+        urls: {},
+        async close() {
+          frontend.close();
+          podCa.close();
+          // the pod is stopping: balancers are told at once; HAProxy drains on its own stop signal
+          await runtime
+            .withdrawReadiness(READY_SERVER)
+            .catch((err: unknown) => logger.warn({ err }, "callback proxy readiness not withdrawn"));
+        },
+        destroy: () => {
+          frontend.close();
+          podCa.close();
+        },
+      };
+      return running;
+    }
     const frontend = new TlsReloader(
       "frontend",
-      { certFile: p.tls.frontend.certFile, keyFile: p.tls.frontend.keyFile },
+      files.frontend,
       (m) => void proxy.setFrontend(m),
       logger,
       registry,
     );
-    const podCa = new TlsReloader(
-      "pod-ca",
-      { caFile: config.pki.caCertFile },
-      (m) => void proxy.setPodCa(m.ca!),
-      logger,
-      registry,
-    );
+    const podCa = new TlsReloader("pod-ca", files.ca, (m) => void proxy.setPodCa(m.ca!), logger, registry);
     const proxy = createCallbackProxy({
       listen: parseHostPort(p.listen),
       metricsListen: parseHostPort(p.metricsListen),
@@ -46,6 +92,8 @@ runService(
       },
       maxHeaderBytes: p.maxHeaderBytes,
       shutdownGraceMs: p.shutdownGraceSeconds * 1000,
+      threads: p.threads,
+      poolMaxConnections: p.upstreamConnectionsPerPod,
       logger,
     });
     const urls = await proxy.listen();

@@ -20,7 +20,7 @@ import {
 import {
   checkHaproxyConfig,
   haproxyBinary,
-  haproxyCommand,
+  HaproxyRuntime,
   startHaproxy,
   type HaproxyProcess,
 } from "./haproxy.js";
@@ -40,7 +40,7 @@ export interface CallbackProxyOptions extends Omit<HaproxyConfigOptions, "files"
 /** How long the stop waits past the grace for HAProxy to end before killing it. */
 const KILL_AFTER_MS = 5000;
 
-function frontendPem(cert: string, key: string): string {
+export function frontendPem(cert: string, key: string): string {
   return `${cert.trim()}\n${key.trim()}\n`;
 }
 
@@ -97,24 +97,7 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   let draining = false;
   const messages: string[] = [];
   const onAccessLog = opts.onAccessLog ?? ((line: string) => process.stdout.write(`${line}\n`));
-  // HAProxy's configuration is in one place; each update of a file goes through the runtime API
-  // one at a time, so two updates never interleave
-  let updates: Promise<unknown> = Promise.resolve();
-  const update = (what: string, command: string, file: string, pem: string) => {
-    const run = async () => {
-      const set = await haproxyCommand(files.adminSocket, `set ssl ${command} ${file}`, pem);
-      if (!/transaction (created|updated)/i.test(set)) throw new Error(`${what}: ${set}`);
-      const commit = await haproxyCommand(files.adminSocket, `commit ssl ${command} ${file}`);
-      if (!/success/i.test(commit)) throw new Error(`${what}: ${commit}`);
-      logger.info({ what }, "callback proxy certificate replaced");
-    };
-    const next = updates.then(run);
-    updates = next.catch((err: unknown) =>
-      logger.error({ err, what }, "callback proxy certificate not replaced"),
-    );
-    return next;
-  };
-
+  const runtime = new HaproxyRuntime(files.adminSocket, logger);
   return {
     /** The folder of HAProxy's files (configuration, certificates, admin socket). */
     dir,
@@ -161,12 +144,12 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
     setFrontend(m: TlsMaterial): Promise<void> {
       const pem = frontendPem(m.cert!, m.key!);
       writeFileAtomic(files.frontendPem, pem, 0o600);
-      return update("frontend certificate", "cert", files.frontendPem, pem);
+      return runtime.replaceCertificate(files.frontendPem, pem);
     },
     /** New CA bundle for pod certificates: new connections to pods verify against it. */
     setPodCa(ca: string): Promise<void> {
       writeFileAtomic(files.podCa, ca, 0o644);
-      return update("pod CA bundle", "ca-file", files.podCa, ca);
+      return runtime.replaceCa(files.podCa, ca);
     },
     /** Whether a stop has begun (/health then answers 503). */
     get draining(): boolean {
@@ -181,7 +164,9 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
       draining = true;
       const p = proc;
       if (!p || p.child.exitCode !== null) return this.removeFiles();
-      await haproxyCommand(files.adminSocket, `disable server ${READY_SERVER}`).catch(() => undefined);
+      await runtime
+        .withdrawReadiness(READY_SERVER)
+        .catch((err: unknown) => logger.warn({ err }, "callback proxy readiness not withdrawn"));
       if (drainDelayMs > 0) await new Promise((r) => setTimeout(r, drainDelayMs));
       p.child.kill("SIGUSR1");
       const killer = setTimeout(() => p.child.kill("SIGKILL"), graceMs + KILL_AFTER_MS);
