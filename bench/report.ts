@@ -15,12 +15,14 @@ import { benchPending, type PendingBenchOptions } from "./pending.js";
 import { benchProxy, type ProxyBenchOptions } from "./proxy.js";
 import { benchScale, type ScaleBenchOptions } from "./scale.js";
 import { benchSse, type SseBenchOptions } from "./sse.js";
+import { benchStack, STACK_ROLES, type StackBenchOptions } from "./stack.js";
 import { benchStream, type StreamBenchOptions } from "./stream.js";
 import { ensureTool, versionOf } from "./tools.js";
 
 export interface Profile {
   name: "full" | "quick";
   invoke: InvokeBenchOptions;
+  stack: StackBenchOptions;
   stream: StreamBenchOptions;
   sse: SseBenchOptions;
   proxy: ProxyBenchOptions;
@@ -43,6 +45,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
   full: {
     name: "full",
     invoke: { seconds: 5, connections: 32, workers: 1, concurrency: 128, rounds: 3 },
+    stack: { seconds: 8, connections: 32, rounds: 3, mib: 1024, idleSeconds: 5 },
     stream: { mib: 1024, rounds: 3, chunked: true },
     sse: { mib: 256, rounds: 3, eventBytes: 1024 },
     proxy: { seconds: 5, connections: 50, largeBytes: 2 ** 20, rounds: 3 },
@@ -53,6 +56,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
   quick: {
     name: "quick",
     invoke: { seconds: 3, connections: 32, workers: 1, concurrency: 128, rounds: 2 },
+    stack: { seconds: 3, connections: 32, rounds: 2, mib: 64, idleSeconds: 3 },
     stream: { mib: 64, rounds: 2, chunked: true },
     sse: { mib: 16, rounds: 2, eventBytes: 1024 },
     proxy: { seconds: 2, connections: 50, largeBytes: 2 ** 20, rounds: 2 },
@@ -72,6 +76,13 @@ export function commandOf(name: keyof Omit<Profile, "name">, p: Profile): string
       workers: "workers",
       concurrency: "concurrency",
       rounds: "rounds",
+    },
+    stack: {
+      seconds: "seconds",
+      connections: "connections",
+      rounds: "rounds",
+      mib: "mib",
+      idleSeconds: "idle-seconds",
     },
     stream: { mib: "mib", rounds: "rounds" },
     sse: { mib: "mib", rounds: "rounds", eventBytes: "event-bytes" },
@@ -272,6 +283,99 @@ function rowsStream(r: Result, o: StreamBenchOptions): Row[] {
     });
   rows.push(...rssRows(`${size} body through callplane (proxy on)`, r.results, "viaProxy", runs));
   rows.push(...rssRows(`${size} body direct`, r.results, "echo", runs));
+  return rows;
+}
+
+function rowsStack(r: Result, o: StackBenchOptions): Row[] {
+  const rounds = r.rounds;
+  const runs = Array.isArray(rounds) ? rounds.length : o.rounds;
+  const rows: Row[] = [];
+  for (const [shape, label] of [
+    ["oneConnection", "1 connection"],
+    ["manyConnections", `${o.connections} connections`],
+  ] as const)
+    for (const [field, metric, unit] of [
+      ["rps", "invocations/s", "/s"],
+      ["p50", "p50", "ms"],
+      ["p99", "p99", "ms"],
+    ] as const)
+      rows.push({
+        name: `1 KiB echo through \`npm start\`'s stack (demo-echo), ${label} (wrk)`,
+        metric,
+        value: num(get(r, `${shape}.stack.${field}`)),
+        unit,
+        baselineName: "direct to a plain Node echo server",
+        baseline: num(get(r, `${shape}.direct.${field}`)),
+        ratio: roundRatio(rounds, `${shape}.stack.${field}`, `${shape}.direct.${field}`),
+        runs,
+      });
+  rows.push({
+    name: "1 KiB echo through `npm start`'s stack (demo-echo), 1 connection (wrk)",
+    metric: "added p50",
+    value: num(r.addedP50ms),
+    unit: "ms",
+    baselineName: "—",
+    baseline: undefined,
+    ratio: undefined,
+    runs,
+  });
+  for (const role of [...STACK_ROLES, "total"]) {
+    const value = num(get(r, `manyConnections.stack.cpuMsPerInvocation.${role}`));
+    if (value === undefined) continue;
+    const total = role === "total";
+    rows.push({
+      name: `CPU per invocation through \`npm start\`'s stack, ${o.connections} connections: ${total ? "all its processes" : role}`,
+      metric: "CPU ms per invocation",
+      value,
+      unit: "ms",
+      baselineName: total ? "the plain echo server, per request" : "—",
+      baseline: total ? num(get(r, "manyConnections.direct.cpuMsPerInvocation.total")) : undefined,
+      ratio: total
+        ? roundRatio(
+            rounds,
+            "manyConnections.stack.cpuMsPerInvocation.total",
+            "manyConnections.direct.cpuMsPerInvocation.total",
+          )
+        : undefined,
+      runs,
+    });
+  }
+  for (const role of [...STACK_ROLES, "total"]) {
+    const value = num(get(r, `idleCpuMsPerSecond.${role}`));
+    if (value === undefined) continue;
+    rows.push({
+      name: `\`npm start\`'s stack at rest (${o.idleSeconds} s, nothing invoked): ${role === "total" ? "all its processes" : role}`,
+      metric: "CPU ms per second",
+      value,
+      unit: "ms/s",
+      baselineName: "—",
+      baseline: undefined,
+      ratio: undefined,
+      runs: 1,
+    });
+  }
+  const size = o.mib >= 1024 ? `${o.mib / 1024} GiB` : `${o.mib} MiB`;
+  rows.push({
+    name: `${size} streamed body through \`npm start\`'s stack, echoed (chunked, SHA-256 checked)`,
+    metric: "MB/s each way",
+    value: num(get(r, "stream.stack.mbPerSecEachWay")),
+    unit: "MB/s",
+    baselineName: "direct to the plain Node echo server",
+    baseline: num(get(r, "stream.direct.mbPerSecEachWay")),
+    ratio: roundRatio(rounds, "stream.stack.mbPerSecEachWay", "stream.direct.mbPerSecEachWay"),
+    runs,
+  });
+  rows.push({
+    name: `${size} streamed body through \`npm start\`'s stack: all its processes`,
+    metric: "peak RSS growth (sum)",
+    value: num(get(r, "stream.stack.totalPeakGrowthMiB")),
+    unit: "MiB",
+    baselineName: "the plain echo server, same body",
+    baseline: num(get(r, "stream.direct.peakGrowthMiB")),
+    ratio: undefined,
+    runs,
+  });
+  rows.push(...rssRows(`${size} body through \`npm start\`'s stack`, r.stream, "stack", runs));
   return rows;
 }
 
@@ -527,6 +631,13 @@ const SECTIONS: Section[] = [
     rows: (r, p) => rowsInvoke(r, p.invoke),
   },
   {
+    key: "stack",
+    title: "The plane as `npm start` runs it: the whole local stack vs. a plain Node echo server",
+    how: "A whole stack started as `npm start` starts it (`node dist/src/stack/main.js --config <file>`; the file sets only addresses and the data folder, every other key is the default: two invocation replicas, the demo's five instances (two of demo-echo), the callback proxy, NATS with TLS and auth, logging at info), beside a plain Node echo server started in the same run (the baseline of `../shared/checks/S-speed.sh`). wrk sends S-speed.sh's 1 KiB JSON POST to demo-echo on the first replica, at 1 and at N connections. CPU per invocation is utime + stime from /proc over the load, for every process of the stack (the tree below the stack's process), by role, over the invocations completed; at rest is the same with nothing invoked. The streamed body is random bytes written in 64 KiB pieces without a length (chunked) from a Node client, echoed by demo-echo, SHA-256 compared; peak RSS is each process's VmHWM during the transfer (reset just before), and the sum of every process's growth. Compare with the HTTP section above: the bench's own chain (one replica, one worker, no idle services, services at log level warn).",
+    run: (p) => benchStack(p.stack),
+    rows: (r, p) => rowsStack(r, p.stack),
+  },
+  {
     key: "stream",
     title: "A large streamed body, echoed through the chain",
     how: "curl uploads the body from a pipe (chunked, no length) and counts what comes back: client → replica → worker → echo server and back, through the proxy or with in-cluster callbacks, vs. straight to the echo server. Peak RSS is each process's VmHWM during the transfer (reset just before), the most over the rounds; the baseline is the same process just before.",
@@ -608,6 +719,11 @@ export async function runAll(profile: Profile, only?: string[]): Promise<{ markd
 /** The rows the issue asks for first, one or a few per benchmark, in the summary at the top. */
 const HEADLINE: Record<string, (r: Row) => boolean> = {
   invoke: (r) => r.name.includes("wrk): callplane, callbacks through the proxy"),
+  stack: (r) =>
+    (r.name.startsWith("1 KiB echo") && (r.metric === "invocations/s" || r.metric === "added p50")) ||
+    (r.metric === "CPU ms per invocation" && r.name.endsWith("all its processes")) ||
+    r.metric === "MB/s each way" ||
+    r.metric === "peak RSS growth (sum)",
   stream: (r) =>
     (r.metric.startsWith("MB/s") && r.name.includes("through the proxy")) ||
     (r.metric === "peak RSS" &&

@@ -1,6 +1,8 @@
 // `npm run bench [-- --quick]`: every benchmark of the report, then bench/RESULTS.md (bench/report.ts)
 // `npm run bench -- invoke [--seconds N] [--connections N] [--workers N] [--concurrency N] [--rounds N]`
 // `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets|kubernetes [options]`: one benchmark alone
+// `npm run bench -- stack [--seconds N] [--connections N] [--rounds N] [--mib N] [--idle-seconds N] [--log-level L]`:
+//   the stack as `npm start` runs it (bench/stack.ts)
 // `npm run bench -- all [--quick] [--only invoke,proxy] [--out FILE]`: the report, or part of it
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -14,10 +16,16 @@ import { reportMain } from "./report.js";
 import { benchScale } from "./scale.js";
 import { benchSecrets } from "./secrets.js";
 import { benchSse } from "./sse.js";
+import { benchStack, STACK_ROLES } from "./stack.js";
 import { benchStream } from "./stream.js";
 
 /** A command line no benchmark matches: said in one line, without a stack. */
 class UsageError extends Error {}
+
+function text(name: string): string | undefined {
+  const i = process.argv.indexOf(`--${name}`);
+  return i === -1 ? undefined : process.argv[i + 1];
+}
 
 function flag(name: string, def: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -69,6 +77,67 @@ async function main(): Promise<void> {
         `  ${name.padEnd(16)} 1 client: p50 ${l[name].p50} ms p99 ${l[name].p99} ms${name === "direct" ? "" : ` (added p50 ${l.addedP50ms[name]} ms)`} | ${flag("connections", 32)} clients: ${Math.round(t[name].rps)}/s p50 ${t[name].p50} ms p99 ${t[name].p99} ms${t[name].errors ? ` errors ${t[name].errors}` : ""}${name === "direct" ? "" : ` (${t.ratio[name]}x direct)`} | CPU ms/invocation: ${cpu}`,
       );
     }
+  } else if (which === "stack") {
+    const logLevel = text("log-level");
+    result = await benchStack({
+      seconds: flag("seconds", 8),
+      connections: flag("connections", 32),
+      rounds: flag("rounds", 1),
+      mib: flag("mib", 1024),
+      idleSeconds: flag("idle-seconds", 5),
+      ...(logLevel ? { logLevel } : {}),
+    });
+    type Run = {
+      rps: number;
+      p50: number;
+      p99: number;
+      errors: number;
+      cpuMsPerInvocation: Record<string, number>;
+      othersCpuMsPerInvocation: Record<string, number>;
+    };
+    type Shape = { direct: Run; stack: Run };
+    const ratios = result.ratios as Record<string, number>;
+    const line = (label: string, s: Shape, ratio: number) =>
+      console.log(
+        `  ${label.padEnd(16)} direct ${Math.round(s.direct.rps)}/s p50 ${s.direct.p50} ms p99 ${s.direct.p99} ms | stack ${Math.round(s.stack.rps)}/s p50 ${s.stack.p50} ms p99 ${s.stack.p99} ms${s.stack.errors ? ` errors ${s.stack.errors}` : ""} (${ratio}x direct)`,
+      );
+    const cpu = (x: Record<string, number>) =>
+      [...STACK_ROLES, "total", "wrk"]
+        .filter((k) => x[k] !== undefined)
+        .map((k) => `${k} ${x[k]}`)
+        .join(", ");
+    const st = result.stack as { startSeconds: number; processes: Record<string, string[]> };
+    console.log(
+      `\nstack benchmark (npm start's stack${logLevel ? `, log.level ${logLevel}` : ""}; 1 KiB JSON echo of demo-echo, wrk), ${String(result.machine)}`,
+    );
+    console.log(`  started in ${st.startSeconds} s; processes: ${JSON.stringify(st.processes)}`);
+    const one = result.oneConnection as Shape;
+    const many = result.manyConnections as Shape;
+    line("1 connection", one, ratios.oneConnection);
+    console.log(`  added p50 (1 connection): ${String(result.addedP50ms)} ms`);
+    line(`${flag("connections", 32)} connections`, many, ratios.manyConnections);
+    console.log(
+      `  CPU ms per invocation (${flag("connections", 32)} connections): ${cpu(many.stack.cpuMsPerInvocation)}; others: ${JSON.stringify(many.stack.othersCpuMsPerInvocation)}; direct echo ${many.direct.cpuMsPerInvocation.total}`,
+    );
+    console.log(`  CPU ms per invocation (1 connection): ${cpu(one.stack.cpuMsPerInvocation)}`);
+    const idle = result.idleCpuMsPerSecond as Record<string, number> & {
+      othersByProcess: Record<string, number>;
+    };
+    console.log(
+      `  at rest, CPU ms per second: ${cpu(idle)}; others: ${JSON.stringify(idle.othersByProcess)}`,
+    );
+    const s = result.stream as {
+      direct: { mbPerSecEachWay: number; peakGrowthMiB: number };
+      stack: {
+        mbPerSecEachWay: number;
+        peakGrowthMiB: Record<string, number>;
+        totalPeakGrowthMiB: number;
+        cpuMsPerMiB: Record<string, number>;
+      };
+    };
+    console.log(
+      `  ${flag("mib", 1024)} MiB streamed each way (chunked, SHA-256 checked): direct ${s.direct.mbPerSecEachWay} MB/s | stack ${s.stack.mbPerSecEachWay} MB/s (${ratios.stream}x direct); stack peak RSS growth MiB ${JSON.stringify(s.stack.peakGrowthMiB)} (total +${s.stack.totalPeakGrowthMiB}); CPU ms/MiB ${JSON.stringify(s.stack.cpuMsPerMiB)}`,
+    );
   } else if (which === "grpc") {
     result = await benchGrpc({
       seconds: flag("seconds", 8),
@@ -250,7 +319,7 @@ async function main(): Promise<void> {
     console.log(`  (${String(result.notes)})`);
   } else {
     throw new UsageError(
-      `unknown benchmark ${which}; use all (the default), invoke, stream, sse, proxy, grpc, scale, pending, secrets or kubernetes`,
+      `unknown benchmark ${which}; use all (the default), invoke, stack, stream, sse, proxy, grpc, scale, pending, secrets or kubernetes`,
     );
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");

@@ -63,6 +63,17 @@ export interface StackPorts {
   proxy: number;
 }
 
+/** What a caller other than the tests (the stack benchmark) may change in the environment file. */
+export interface StackConfigOptions {
+  /**
+   * Leave the compute sync at its default (2 s) rather than the tests' 0.5 s, so that the stack
+   * idles as a user's `npm start` does.
+   */
+  userDefaults?: boolean;
+  /** More top-level sections, as YAML lines (none of the sections written here). */
+  extraYaml?: string[];
+}
+
 /**
  * Writes an environment file that sets only where things are (addresses, the data folder) and a
  * short compute sync, so every other key, nats.workerAuth included, is the stack's default.
@@ -71,6 +82,7 @@ export interface StackPorts {
 export async function writeStackConfig(
   dir: string,
   a: StackAddresses,
+  o: StackConfigOptions = {},
 ): Promise<{ file: string; dataDir: string; ports: StackPorts }> {
   const port = () => freePort(a.host);
   const [nats, api, issuer, compute, proxy, proxyMetrics] = [
@@ -108,8 +120,9 @@ export async function writeStackConfig(
       "compute:",
       `  listen: ${a.host}:${compute}`,
       `  instanceNetwork: ${a.instanceNetwork}`,
-      "  syncIntervalSeconds: 0.5",
+      ...(o.userDefaults ? [] : ["  syncIntervalSeconds: 0.5"]),
       "  stopGraceSeconds: 5",
+      ...(o.extraYaml ?? []),
       "",
     ].join("\n"),
   );
