@@ -4,7 +4,7 @@
 import autocannon from "autocannon";
 import { Client } from "undici";
 import { spawn, type ChildProcess } from "node:child_process";
-import { closeSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { cpus, totalmem } from "node:os";
 import { ensureTool } from "./tools.js";
@@ -115,6 +115,44 @@ export async function waitHttp(url: string, timeoutMs = 15_000): Promise<void> {
 }
 
 /** utime + stime of a process, in milliseconds. */
+/** Every process below `root`, from /proc's parent links (read once, so a snapshot). */
+export function descendantsOf(root: number): number[] {
+  const children = new Map<number, number[]>();
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, "utf8");
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+      const list = children.get(ppid) ?? [];
+      list.push(Number(name));
+      children.set(ppid, list);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: number[] = [];
+  const walk = (pid: number) => {
+    for (const c of children.get(pid) ?? []) {
+      out.push(c);
+      walk(c);
+    }
+  };
+  walk(root);
+  return out;
+}
+
+/** The CPU time of a process and every process below it (a service that runs a helper, as the
+ * callback proxy runs HAProxy), in ms. */
+export function treeCpuMs(pid: number): number {
+  return [pid, ...descendantsOf(pid)].reduce((sum, p) => {
+    try {
+      return sum + cpuMs(p);
+    } catch {
+      return sum; // gone meanwhile
+    }
+  }, 0);
+}
+
 export function cpuMs(pid: number): number {
   const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");

@@ -1,7 +1,8 @@
-// Benchmark: the worker callback proxy side by side with HAProxy (Debian's package, configured for
-// the same job from ../shared/reference/baselines/haproxy-callback-proxy.cfg: TLS frontend, path
-// and host rules, TLS to the pod verified against the CA and the pod name, per-pod connection
-// reuse) and the direct path (straight to the pod), in one run. Load from wrk, with absolute-form
+// Benchmark: the worker callback proxy (HAProxy, with the configuration callplane writes: every
+// check on the target, the access log, problem answers) side by side with a minimal HAProxy
+// configured for the bare job (../shared/reference/baselines/haproxy-callback-proxy.cfg: TLS
+// frontend, path and host rules, TLS to the pod verified against the CA and the pod name, per-pod
+// connection reuse) and the direct path (straight to the pod), in one run. Load from wrk, with absolute-form
 // forward-proxy requests. Reports requests/s and p50/p99 for small callbacks, MB/s for large
 // streamed bodies, and each proxy's CPU time per request.
 import { spawnSync } from "node:child_process";
@@ -9,8 +10,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createCa, issueServerCert } from "../src/lib/tls/index.js";
-import { requireTools } from "./tools.js";
-import { cpuMs, freePort, machine, median, medianOf, procs, start, wrk, type WrkResult } from "./harness.js";
+import { ensureTool, requireTools } from "./tools.js";
+import { treeCpuMs as cpuMs, freePort, machine, median, medianOf, procs, start, wrk, type WrkResult } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const POD = "127-0-0-1.invocation.nvcf.svc.cluster.local";
@@ -101,9 +102,10 @@ export async function benchProxy(o: ProxyBenchOptions): Promise<Record<string, u
         "",
       ].join("\n"),
     );
-    const check = spawnSync("haproxy", ["-c", "-f", haCfg], { encoding: "utf8" });
+    const haproxy = ensureTool("haproxy") as string;
+    const check = spawnSync(haproxy, ["-c", "-f", haCfg], { encoding: "utf8" });
     if (check.status !== 0) throw new Error(`haproxy -c failed: ${check.stdout}${check.stderr}`);
-    const ha = await start("haproxy", "haproxy", ["-db", "-f", haCfg], {});
+    const ha = await start("haproxy", haproxy, ["-db", "-f", haCfg], {});
     await new Promise((r) => setTimeout(r, 500));
 
     // the floor Node's own TLS streams set: a byte pipe with no HTTP in it (bench/tls-pipe.ts)

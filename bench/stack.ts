@@ -9,7 +9,7 @@
 // checked) with the peak RSS growth of its processes. The stack and everything it started are
 // stopped afterwards.
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { request } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -22,7 +22,17 @@ import {
   writeStackConfig,
   type StackJson,
 } from "../test/testkit/stack.js";
-import { cpuMs, freePort, machine, medianOf, removeLater, start, waitHttp, wrk } from "./harness.js";
+import {
+  cpuMs,
+  descendantsOf,
+  freePort,
+  machine,
+  medianOf,
+  removeLater,
+  start,
+  waitHttp,
+  wrk,
+} from "./harness.js";
 import { withFootprint } from "./stream.js";
 import { requireTools } from "./tools.js";
 
@@ -61,32 +71,6 @@ interface StackProc {
 }
 
 const round3 = (x: number) => Math.round(x * 1000) / 1000;
-
-/** Every process below `root`, from /proc's parent links (read once, so a snapshot). */
-function descendantsOf(root: number): number[] {
-  const children = new Map<number, number[]>();
-  for (const name of readdirSync("/proc")) {
-    if (!/^\d+$/.test(name)) continue;
-    try {
-      const stat = readFileSync(`/proc/${name}/stat`, "utf8");
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-      const list = children.get(ppid) ?? [];
-      list.push(Number(name));
-      children.set(ppid, list);
-    } catch {
-      // gone meanwhile
-    }
-  }
-  const out: number[] = [];
-  const walk = (pid: number) => {
-    for (const c of children.get(pid) ?? []) {
-      out.push(c);
-      walk(c);
-    }
-  };
-  walk(root);
-  return out;
-}
 
 function cmdlineOf(pid: number): string {
   try {

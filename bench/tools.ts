@@ -6,6 +6,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 
 const ensureScript = join(import.meta.dirname, "..", "..", "scripts", "ensure-debian-tool.sh");
+const haproxyScript = join(import.meta.dirname, "..", "..", "scripts", "ensure-haproxy.sh");
 
 /** The Debian package of each tool. */
 export const TOOL_PACKAGES = {
@@ -23,10 +24,15 @@ const found = new Map<Tool, string | Error>();
 export function ensureTool(tool: Tool): string | Error {
   const known = found.get(tool);
   if (known !== undefined) return known;
-  const r = spawnSync("bash", [ensureScript, tool, TOOL_PACKAGES[tool]], {
-    encoding: "utf8",
-    stdio: ["ignore", "pipe", "pipe"],
-  });
+  // HAProxy is the callback proxy too: the one the stack runs (found, or fetched into .tools/)
+  const r = spawnSync(
+    "bash",
+    tool === "haproxy" ? [haproxyScript] : [ensureScript, tool, TOOL_PACKAGES[tool]],
+    {
+      encoding: "utf8",
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   const out: string | Error =
     r.status === 0 && r.stdout.trim()
       ? r.stdout.trim().split("\n").at(-1)!

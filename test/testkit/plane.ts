@@ -409,7 +409,7 @@ async function startPlaneProxy(
   );
   const podCa = new TlsReloader("pod-ca", { caFile }, (m) => void proxy.setPodCa(m.ca!), logger, registry);
   const port = await freePort(host);
-  const proxy: CallbackProxy = createCallbackProxy({
+  const proxy: CallbackProxy = await createCallbackProxy({
     listen: { host, port },
     metricsListen: { host, port: await freePort(host) },
     serviceDomain: "nvcf.svc.cluster.local",

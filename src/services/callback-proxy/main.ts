@@ -74,7 +74,7 @@ runService(
       registry,
     );
     const podCa = new TlsReloader("pod-ca", files.ca, (m) => void proxy.setPodCa(m.ca!), logger, registry);
-    const proxy = createCallbackProxy({
+    const proxy = await createCallbackProxy({
       listen: parseHostPort(p.listen),
       metricsListen: parseHostPort(p.metricsListen),
       serviceDomain: config.global.serviceDomain,

@@ -3,7 +3,7 @@
 // into a private folder, starts HAProxy, hands its access-log lines on, replaces certificates
 // through the runtime API (no reload, no connection dropped), and drains and stops it.
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
-import { connect as netConnect } from "node:net";
+import { connect as netConnect, createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { writeFileAtomic } from "../../lib/fs.js";
@@ -70,7 +70,32 @@ function waitListening(addr: HostPort, proc: HaproxyProcess, messages: string[])
   });
 }
 
-export function createCallbackProxy(opts: CallbackProxyOptions) {
+/**
+ * A concrete port for an address that asks for any (port 0): HAProxy binds the port its
+ * configuration names and cannot report one it picked, so one free now is chosen for it.
+ */
+function concretePort(addr: HostPort): Promise<HostPort> {
+  if (addr.port !== 0) return Promise.resolve(addr);
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(0, addr.host, () => {
+      const port = (s.address() as AddressInfo).port;
+      s.close(() => resolve({ ...addr, port }));
+    });
+  });
+}
+
+/** The callback proxy, once the ports it listens on are known. */
+export async function createCallbackProxy(opts: CallbackProxyOptions) {
+  return callbackProxy({
+    ...opts,
+    listen: await concretePort(opts.listen),
+    metricsListen: await concretePort(opts.metricsListen),
+  });
+}
+
+function callbackProxy(opts: CallbackProxyOptions) {
   const logger = opts.logger ?? silentLogger();
   const binary = opts.binary ?? haproxyBinary();
   const dir = mkdtempSync(join(tmpdir(), "callplane-haproxy-"));
@@ -185,4 +210,4 @@ export function createCallbackProxy(opts: CallbackProxyOptions) {
   };
 }
 
-export type CallbackProxy = ReturnType<typeof createCallbackProxy>;
+export type CallbackProxy = ReturnType<typeof callbackProxy>;

@@ -10,6 +10,7 @@
 // refuse work. The workers and the example inference servers run inside the namespace and can
 // reach only NATS and the balancer in front of the callback proxies. Every piece can be stopped,
 // killed and started again on the same address.
+import { haproxyBinary } from "../../../src/services/callback-proxy/haproxy.js";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdirSync, renameSync, writeFileSync } from "node:fs";
@@ -19,7 +20,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { TLS_FILES, ensureServerCert } from "../../../src/lib/tls/index.js";
 import { GRPC_FUNCTION } from "../../testkit/grpc.js";
 import { freePortOnAll } from "../../testkit/hosts.js";
-import { repoRoot, type ApiFixture, type Nats } from "../../testkit/index.js";
+import { type ApiFixture, type Nats } from "../../testkit/index.js";
 import type { Netns } from "../../testkit/netns.js";
 import { deployFunction, type DeployedFunction } from "../../testkit/plane.js";
 import { Scope, scripts, startService, type ChildHandle } from "../../testkit/processes.js";
@@ -90,14 +91,6 @@ export interface FaultPlaneOptions {
 
 /** A free TCP port on one host. */
 const freePort = (host: string) => freePortOnAll([host]);
-
-function haproxyBinary(): string {
-  const r = spawnSync("bash", [join(repoRoot, "scripts", "ensure-debian-tool.sh"), "haproxy", "haproxy"], {
-    encoding: "utf8",
-  });
-  if (r.status !== 0) throw new Error(`no HAProxy for the fault suite: ${r.stderr.trim()}`);
-  return r.stdout.trim().split("\n").pop()!;
-}
 
 /** Reads HAProxy's `show stat` over its admin socket: backend/server → status. */
 function haproxyStates(socket: string): Promise<Record<string, string>> {

@@ -40,7 +40,7 @@ async function fixture(
   const pod = await startCountingPod(t, podCert, opts.podHandler);
   const front = await pki.issue(["*.worker.callplane.test"]);
   const lines: string[] = [];
-  const proxy = createCallbackProxy({
+  const proxy = await createCallbackProxy({
     listen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
     metricsListen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
     serviceDomain: DOMAIN,
