@@ -431,6 +431,9 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
     `  http-after-response set-var-fmt(txn.reason) '${gatewayDetail}' if { res.hdr(${GATEWAY_MARK}) -m found } !{ status 504 }`,
     `  http-after-response del-header ${GATEWAY_MARK}`,
 
+    // draining (readiness withdrawn): every answer asks the worker to take its next callback
+    // elsewhere, through the balancer
+    "  http-after-response set-header connection close if { nbsrv(ready) lt 1 }",
     "  use_backend grpc_pods if grpc_name",
     "  default_backend invocation_pods",
     "",
