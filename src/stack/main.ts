@@ -166,7 +166,7 @@ async function main(): Promise<void> {
   if (proxy.enabled) {
     proxyUrl = (await stack.startService("callback-proxy", "callback-proxy")).proxy!;
     say(
-      `callback-proxy ${proxyUrl}   (workers reach it as ${config.global.workerEndpoints.invocationProxyURL}; access log in logs/callback-proxy.log)`,
+      `callback-proxy ${proxyUrl}   (HAProxy; workers reach it as ${config.global.workerEndpoints.invocationProxyURL}; access log in logs/callback-proxy.log)`,
     );
   }
   // instances created from now on are this start's own: rows left by a stack that was killed
