@@ -31,6 +31,8 @@ async function fixture(
     headersMs?: number;
     podCert?: "ok" | "other-ca" | "other-name";
     podHandler?: Parameters<typeof startCountingPod>[2];
+    /** The grpc-proxy pods' worker TLS port: "pod" for the counting pod's (unset: tunnels refused). */
+    grpcPodPort?: "pod";
   } = {},
 ): Promise<Fixture> {
   const pki = await testPki();
@@ -48,6 +50,7 @@ async function fixture(
     podNetworks: ["127.0.0.0/29"],
     upstreamTls: true,
     podPort: pod.port,
+    grpcPodPort: opts.grpcPodPort === "pod" ? pod.port : undefined,
     frontend: { cert: front.certPem, key: front.keyPem },
     podCa: pki.ca.certPem,
     timeouts: { headersMs: opts.headersMs ?? 10_000, idleMs: opts.idleMs ?? 30_000, connectMs: 2000 },
@@ -446,4 +449,57 @@ test("plain HTTP to the frontend is not served", async (t) => {
   // keep the import of createHttpServer honest: a plain server is what a pod without TLS would be
   assert.equal(typeof createHttpServer, "function");
   void (null as unknown as AddressInfo);
+});
+
+test("gRPC tunnels: the server name is the target, checked before anything is dialed", async (t) => {
+  const f = await fixture(t);
+  const connect = (name: string, lines?: string[]) =>
+    rawTls(
+      f.proxyPort,
+      req(lines ?? [`CONNECT ${POD}:${f.pod.port} HTTP/1.1`, `Host: ${POD}:${f.pod.port}`]),
+      { ca: f.pki.ca.certPem, servername: name },
+    );
+  const cases: Array<[string, string, number, RegExp]> = [
+    ["not a pod address", "grpc.worker.callplane.test", 400, /PROXY_TARGET_INVALID/],
+    ["an octet above 255", "127-0-0-256.worker.callplane.test", 400, /PROXY_TARGET_INVALID/],
+    ["a leading zero", "127-0-0-01.worker.callplane.test", 400, /PROXY_TARGET_INVALID/],
+    ["outside the pod networks", "10-0-0-1.worker.callplane.test", 403, /PROXY_TARGET_FORBIDDEN/],
+    ["no grpc-proxy pods configured", "127-0-0-1.worker.callplane.test", 405, /CONNECT_DISABLED/],
+  ];
+  for (const [name, servername, want, code] of cases) {
+    const r = await connect(servername);
+    assert.equal(r.status, want, `${name}: ${r.text.split("\r\n")[0]}`);
+    assert.match(r.text, code, name);
+  }
+  assert.equal(f.pod.connections, 0, "no refused tunnel dialed anything");
+  const lines = f.accessLog().filter((l) => l.method === "CONNECT");
+  assert.equal(lines.length, cases.length);
+  assert.ok(lines.every((l) => String(l.outcome).startsWith("refused") && String(l.reason).length > 0));
+});
+
+test("gRPC tunnels: only a CONNECT goes to the grpc-proxy pod, whose certificate must be for its own name", async (t) => {
+  // the counting pod's certificate is for its invocation name, not <dashed-ip>.grpc-headless.<domain>
+  const f = await fixture(t, { grpcPodPort: "pod" });
+  const servername = "127-0-0-1.worker.callplane.test";
+  const post = await rawTls(f.proxyPort, req([`POST ${PATH} HTTP/1.1`, "Host: x", "Content-Length: 0"]), {
+    ca: f.pki.ca.certPem,
+    servername,
+  });
+  assert.equal(post.status, 405, post.text);
+  assert.match(post.text, /METHOD_NOT_ALLOWED/);
+  const tunnel = await rawTls(
+    f.proxyPort,
+    req([
+      `CONNECT 127-0-0-1.grpc-headless.${DOMAIN}:${f.pod.port} HTTP/1.1`,
+      `Host: 127-0-0-1.grpc-headless.${DOMAIN}:${f.pod.port}`,
+    ]),
+    { ca: f.pki.ca.certPem, servername },
+  );
+  assert.equal(tunnel.status, 502, tunnel.text);
+  assert.match(tunnel.text, /UPSTREAM_UNAVAILABLE/);
+  assert.equal(f.pod.requests.length, 0, "nothing reached a pod whose certificate is not its own");
+  await sleep(50);
+  const line = f.accessLog().at(-1)!;
+  assert.equal(line.target, `127-0-0-1.grpc-headless.${DOMAIN}`);
+  assert.equal(line.outcome, "upstream_error");
 });
