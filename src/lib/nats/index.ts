@@ -8,6 +8,7 @@ export * from "./connection.js";
 export * from "./credentials.js";
 export * from "./health.js";
 export * from "./permissions.js";
+export * from "./replies.js";
 export * from "./server-auth.js";
 export * from "./server.js";
 export * from "./subjects.js";
