@@ -11,5 +11,6 @@ export * from "./permissions.js";
 export * from "./replies.js";
 export * from "./server-auth.js";
 export * from "./server.js";
+export * from "./stream-publish.js";
 export * from "./subjects.js";
 export * from "./work-queues.js";

@@ -1,9 +1,11 @@
-// Replies (lib/nats/replies.ts), the hot path's request-reply, against a real nats-server: answers,
-// no responders, timeouts and a closing connection each end a request as nats.js's request() does.
+// Replies (lib/nats/replies.ts), the hot path's request-reply, and publishToStream on it, against a
+// real nats-server: answers, no responders, timeouts and a closing connection each end a request as
+// nats.js's request() does, and a publish's failures read as js.publish()'s.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { RequestError, TimeoutError } from "@nats-io/transport-node";
-import { Replies } from "../../../src/lib/nats/index.js";
+import { DiscardPolicy, RetentionPolicy, StorageType, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Replies, classifyPublishError, publishToStream } from "../../../src/lib/nats/index.js";
 import { startNats } from "../../testkit/nats.js";
 
 test("Replies: answers, no responders, timeouts and a closed connection", async (t) => {
@@ -48,4 +50,43 @@ test("Replies: answers, no responders, timeouts and a closed connection", async 
   const waiting = replies.request(`${access.inboxPrefix}.silent`, "x", 60_000).catch((e: unknown) => e);
   await nc.close();
   assert.ok((await waiting) instanceof RequestError);
+});
+
+test("publishToStream: stored, duplicate, full and no stream read as js.publish's do", async (t) => {
+  const nats = await startNats(t);
+  const nc = await nats.observe("stream-publish");
+  t.after(() => nc.close());
+  const jsm = await jetstreamManager(nc);
+  await jsm.streams.add({
+    name: "replies_test",
+    subjects: ["rt.>"],
+    retention: RetentionPolicy.Workqueue,
+    storage: StorageType.Memory,
+    max_msgs: 2,
+    max_msgs_per_subject: 1,
+    discard: DiscardPolicy.New,
+    discard_new_per_subject: true,
+  });
+  const replies = new Replies(nc, "_INBOX_stream_publish");
+  const js = jetstream(nc);
+  const data = new TextEncoder().encode("work");
+
+  const first = await publishToStream(replies, "rt.a", data);
+  assert.deepEqual(first, { stream: "replies_test", seq: 1, duplicate: false });
+  // both ways of publishing fail alike, and classify alike
+  const outcome = async (subject: string) => {
+    const mine = await publishToStream(replies, subject, data).then(
+      () => "stored",
+      (e: unknown) => classifyPublishError(e),
+    );
+    const theirs = await js.publish(subject, data).then(
+      () => "stored",
+      (e: unknown) => classifyPublishError(e),
+    );
+    return [mine, theirs];
+  };
+  assert.deepEqual(await outcome("rt.a"), ["duplicate", "duplicate"]);
+  assert.deepEqual((await publishToStream(replies, "rt.b", data)).seq, 2);
+  assert.deepEqual(await outcome("rt.c"), ["full", "full"]);
+  assert.deepEqual(await outcome("nostream.x"), ["no-stream", "no-stream"]);
 });
