@@ -3,10 +3,7 @@
 // connection stays open here: the worker calls back to this replica (attach.ts) to fetch the rest
 // of the body and to stream the answer. Also the parts a status poll (poll.ts) shares: the poll
 // window, the headers and message handed to the worker, and the window that ends in a 504.
-import { create, toBinary } from "@bufbuild/protobuf";
-import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { WorkerInvokeFunctionRequestSchema, type StringKV } from "../../gen/nvcf/worker_pb.js";
 import { CallplaneError } from "../../lib/errors.js";
 import {
   bearerToken,
@@ -21,6 +18,7 @@ import { isUuid, newRequestId } from "../../lib/ids.js";
 import type { Grant } from "../../plane/auth-cache.js";
 import { watchBody } from "./body-watch.js";
 import type { Pending, ReplicaState } from "./state.js";
+import { encodeWorkMessage } from "./work-message.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
 
 const MAX_DIRECT_RESPONSE = 5 * 1024 * 1024;
@@ -167,14 +165,20 @@ export function pollWindow(replica: ReplicaState, req: IncomingMessage): number 
   return Math.max(1, n);
 }
 
+/** A header as the work message carries it (nvcf.StringKV). */
+export interface HeaderKV {
+  key: string;
+  value: string;
+}
+
 /** The client's headers as the worker gets them, with the window and region this replica chose. */
-export function forwardHeaders(replica: ReplicaState, req: IncomingMessage, pollSeconds: number): StringKV[] {
+export function forwardHeaders(replica: ReplicaState, req: IncomingMessage, pollSeconds: number): HeaderKV[] {
   const out = endToEndPairs(rawPairs(req.rawHeaders), { drop: DROP_TO_WORKER }).map(
-    ([key, value]) => ({ key, value }) as StringKV,
+    ([key, value]): HeaderKV => ({ key, value }),
   );
   out.push(
-    { key: "NVCF-POLL-SECONDS", value: String(pollSeconds) } as StringKV,
-    { key: "NVCF-INVOCATION-REGION", value: replica.region } as StringKV,
+    { key: "NVCF-POLL-SECONDS", value: String(pollSeconds) },
+    { key: "NVCF-INVOCATION-REGION", value: replica.region },
   );
   return out;
 }
@@ -185,39 +189,27 @@ export function workMessage(
   p: Pending,
   method: string,
   path: string,
-  headers: StringKV[],
+  headers: HeaderKV[],
   body: Buffer | undefined,
   grant: Pick<Grant, "clientNcaId" | "subject">,
 ): Uint8Array {
-  return toBinary(
-    WorkerInvokeFunctionRequestSchema,
-    create(WorkerInvokeFunctionRequestSchema, {
-      requestId: p.requestId,
-      ncaId: grant.clientNcaId,
-      subject: grant.subject,
-      maxDirectResponseSizeBytes: MAX_DIRECT_RESPONSE,
-      requestTime: timestampFromMs(p.started),
-      ...(body && body.length ? { requestBody: body } : {}),
-      requestHeaders: headers,
-      requestMethod: method,
-      requestPath: path,
-      statelessConfig: {
-        connectionConfigs: [
-          {
-            config: {
-              case: "http1Config",
-              value: {
-                targetURI: replica.targetUri,
-                ...(replica.proxyUri ? { proxyURI: replica.proxyUri } : {}),
-                responseAuthorizationToken: p.responseToken,
-                ...(p.requestToken ? { requestAuthorizationToken: p.requestToken } : {}),
-              },
-            },
-          },
-        ],
-      },
-    }),
-  );
+  return encodeWorkMessage({
+    requestId: p.requestId,
+    ncaId: grant.clientNcaId,
+    subject: grant.subject,
+    maxDirectResponseSizeBytes: MAX_DIRECT_RESPONSE,
+    requestTimeMs: p.started,
+    requestBody: body,
+    requestHeaders: headers,
+    requestMethod: method,
+    requestPath: path,
+    http1: {
+      targetURI: replica.targetUri,
+      proxyURI: replica.proxyUri || undefined,
+      responseAuthorizationToken: p.responseToken,
+      requestAuthorizationToken: p.requestToken || undefined,
+    },
+  });
 }
 
 /**

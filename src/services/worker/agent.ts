@@ -13,7 +13,14 @@ import { Pool } from "undici";
 import { Router, createHttpService, sendJson } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
-import { INBOX, connectNats, subjects, workerAuthToken, type NatsAccess } from "../../lib/nats/index.js";
+import {
+  INBOX,
+  Replies,
+  connectNats,
+  subjects,
+  workerAuthToken,
+  type NatsAccess,
+} from "../../lib/nats/index.js";
 import { formatHostPort, podAwareLookup } from "../../lib/net/index.js";
 import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
@@ -131,13 +138,14 @@ export function createWorkerAgent(
       for (let k = 0; k < cfg.concurrency; k++)
         freeSlots.push(await OutputSlot.create(join(cfg.responseDir, `slot-${k}`)));
       await waitForInference({ cfg, logger, signal });
+      const access = workerNatsAccess(cfg);
       const nc = await connectNats(
-        workerNatsAccess(cfg),
+        access,
         `worker_${cfg.functionVersionId}_${cfg.instanceId || process.pid}`,
         logger,
       );
       state.nc = nc;
-      const acks = (state.acks = new ConfirmedAcks(nc, logger));
+      const acks = (state.acks = new ConfirmedAcks(nc, logger, new Replies(nc, access.inboxPrefix)));
       const dispatcher = new WorkDispatcher({
         cfg,
         logger,

@@ -6,7 +6,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "../../lib/log.js";
 import type { Gauge } from "../../lib/metrics.js";
-import { subjects } from "../../lib/nats/index.js";
+import { subjects, type Replies } from "../../lib/nats/index.js";
 import type { WorkerConfig } from "./config.js";
 
 /**
@@ -48,6 +48,8 @@ export class ConfirmedAcks {
   constructor(
     private readonly nc: NatsConnection,
     private readonly logger: Logger,
+    /** The connection's request-reply for the ack's confirmation. */
+    private readonly replies: Replies,
   ) {}
 
   /** How many acks still wait for their confirmation. */
@@ -76,7 +78,7 @@ export class ConfirmedAcks {
     for (let attempt = 1; ; attempt++) {
       if (conn.isClosed()) return;
       try {
-        await conn.request(subject, ACK_BODY, { timeout: ACK_TIMEOUT_MS });
+        await this.replies.request(subject, ACK_BODY, ACK_TIMEOUT_MS);
         if (attempt > 1) logger.info({ requestId, attempts: attempt }, "ack confirmed");
         return;
       } catch (err) {

@@ -9,11 +9,9 @@
 // This module is the work item's lifecycle: the race above and the status polls. The inference
 // call is inference-call.ts, the progress file progress.ts, the answers to the replica
 // replica-answer.ts.
-import { fromBinary } from "@bufbuild/protobuf";
 import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Pool } from "undici";
-import { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
 import type { Logger } from "../../lib/log.js";
 import { subjects } from "../../lib/nats/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
@@ -21,6 +19,7 @@ import type { WorkerConfig } from "./config.js";
 import { callInference, type WorkRequest } from "./inference-call.js";
 import type { OutputSlot } from "./output-slot.js";
 import { ProgressReport } from "./progress.js";
+import { decodeWorkMessage } from "./work-decode.js";
 import { ReplicaAnswer, type AnswerOutcome, type InferenceResult } from "./replica-answer.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
 
@@ -82,7 +81,7 @@ export class WorkItem {
   }
 
   static decode(data: Uint8Array): WorkRequest {
-    return fromBinary(WorkerInvokeFunctionRequestSchema, data);
+    return decodeWorkMessage(data);
   }
 
   private notify = (): void => {
