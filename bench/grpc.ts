@@ -4,7 +4,8 @@
 // Unary 1 KiB calls are driven by h2load (C, so the load generator costs little CPU of the two
 // cores): one call at a time (latency), one connection with many concurrent calls, and many
 // connections (each one a session of its own: its own worker tunnel). Streaming MB/s both ways is
-// measured with @grpc/grpc-js (the same client both ways, so the ratio is the path's).
+// measured with @grpc/grpc-js (the same client both ways, so the ratio is the path's), and so is a
+// unary call carrying 32 MiB each way (`largeUnary`: seconds per call and CPU per call by process).
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Metadata, credentials, makeGenericClientConstructor } from "@grpc/grpc-js";
 import { spawn } from "node:child_process";
@@ -149,14 +150,14 @@ async function streaming(
   }
 }
 
+const LARGE_CLIENT_WINDOW = 4 * 1024 * 1024;
+
 /**
  * Seconds per unary call carrying one `mib` MiB message each way (the median of `calls` calls, one
  * at a time, on one connection), and the CPU milliseconds each process spent per call: a large
  * message shows the HTTP/2 windows of every hop (a window smaller than the path's bandwidth-delay
  * product stalls each hop in turn) and any per-frame copy.
  */
-const LARGE_CLIENT_WINDOW = 4 * 1024 * 1024;
-
 export async function largeUnary(
   target: string,
   md: Record<string, string>,
@@ -288,10 +289,12 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
       };
       const mib = o.largeMiB ?? 32;
       const n = o.largeCalls ?? 3;
+      // (the in-cluster path has a grpc-proxy of its own)
+      const largePids = { ...pids, "grpc-proxy-in-cluster": g.inClusterProc.pid! };
       const large = {
-        direct: await largeUnary(g.direct, md, mib, n, pids),
-        callplane: await largeUnary(g.target, md, mib, n, pids),
-        inCluster: await largeUnary(g.inCluster, md, mib, n, pids),
+        direct: await largeUnary(g.direct, md, mib, n, largePids),
+        callplane: await largeUnary(g.target, md, mib, n, largePids),
+        inCluster: await largeUnary(g.inCluster, md, mib, n, largePids),
       };
       rounds.push({ unary: runs, streamingMBps: stream, largeUnary: large });
     }
