@@ -4,7 +4,8 @@
 // Unary 1 KiB calls are driven by h2load (C, so the load generator costs little CPU of the two
 // cores): one call at a time (latency), one connection with many concurrent calls, and many
 // connections (each one a session of its own: its own worker tunnel). Streaming MB/s both ways is
-// measured with @grpc/grpc-js (the same client both ways, so the ratio is the path's).
+// measured with @grpc/grpc-js (the same client both ways, so the ratio is the path's), and so is a
+// unary call carrying 32 MiB each way (`largeUnary`: seconds per call and CPU per call by process).
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Metadata, credentials, makeGenericClientConstructor } from "@grpc/grpc-js";
 import { spawn } from "node:child_process";
@@ -27,6 +28,9 @@ export interface GrpcBenchOptions {
   streamMiB: number;
   /** Rounds of every measurement; the figures are their medians. */
   rounds: number;
+  /** Large unary: one message of this many MiB each way (default 32), `largeCalls` calls timed (default 3). */
+  largeMiB?: number;
+  largeCalls?: number;
 }
 
 interface H2Result {
@@ -146,6 +150,66 @@ async function streaming(
   }
 }
 
+const LARGE_CLIENT_WINDOW = 4 * 1024 * 1024;
+
+/**
+ * Seconds per unary call carrying one `mib` MiB message each way (the median of `calls` calls, one
+ * at a time, on one connection), and the CPU milliseconds each process spent per call: a large
+ * message shows the HTTP/2 windows of every hop (a window smaller than the path's bandwidth-delay
+ * product stalls each hop in turn) and any per-frame copy.
+ */
+export async function largeUnary(
+  target: string,
+  md: Record<string, string>,
+  mib: number,
+  calls: number,
+  pids: Record<string, number>,
+): Promise<{ seconds: number; MBps: number; cpuMsPerCall: Record<string, number> }> {
+  const client = new EchoClient(target, credentials.createInsecure(), {
+    ...UNLIMITED_MESSAGES,
+    // grpc-js's own 64 KiB windows would make this client the bottleneck on every path (a direct
+    // 32 MiB call took 1.1 s with them, 0.5 s with 4 MiB); grpcio and grpc-go widen theirs to the
+    // path's bandwidth-delay product, so the client here is given a window of that order
+    "grpc-node.flow_control_window": LARGE_CLIENT_WINDOW,
+  }) as unknown as {
+    Unary(m: EchoMessage, md: Metadata, cb: (err: Error | null, r?: EchoMessage) => void): void;
+    close(): void;
+  };
+  const meta = new Metadata();
+  for (const [k, v] of Object.entries(md)) meta.set(k, v);
+  const call = (payload: Uint8Array) =>
+    new Promise<number>((resolve, reject) =>
+      client.Unary(create(EchoMessageSchema, { payload }), meta, (err, r) =>
+        err ? reject(err) : resolve(r?.payload.length ?? 0),
+      ),
+    );
+  try {
+    // a small call brings the session up and one large call warms every hop; neither is timed
+    await call(Buffer.from("x"));
+    const big = Buffer.alloc(mib << 20, 7);
+    await call(big);
+    const times: number[] = [];
+    const before = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuMs(pid)]));
+    for (let i = 0; i < calls; i++) {
+      const t0 = performance.now();
+      const n = await call(big);
+      times.push((performance.now() - t0) / 1000);
+      if (n !== big.length) throw new Error(`the ${mib} MiB call to ${target} came back with ${n} bytes`);
+    }
+    const seconds = median(times);
+    return {
+      seconds: Math.round(seconds * 1000) / 1000,
+      // bytes each way per second
+      MBps: Math.round((mib * 1.048576) / seconds),
+      cpuMsPerCall: Object.fromEntries(
+        Object.entries(pids).map(([k, pid]) => [k, Math.round((cpuMs(pid) - before[k]) / calls)]),
+      ),
+    };
+  } finally {
+    client.close();
+  }
+}
+
 export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unknown>> {
   requireTools("h2load");
   // every connection is a session holding a worker slot until it has been idle for 30 s: room for
@@ -180,7 +244,12 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
       server: g.server.pid!,
     };
     type Runs = Record<string, Record<string, H2Result & { cpuMsPer1k?: Record<string, number> }>>;
-    const rounds: Array<{ unary: Runs; streamingMBps: Record<string, { up: number; down: number }> }> = [];
+    type Large = Awaited<ReturnType<typeof largeUnary>>;
+    const rounds: Array<{
+      unary: Runs;
+      streamingMBps: Record<string, { up: number; down: number }>;
+      largeUnary: Record<string, Large>;
+    }> = [];
     const shapes = {
       oneAtATime: { clients: 1, streams: 1 },
       oneConnection: { clients: 1, streams: o.streams },
@@ -218,7 +287,16 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
         callplane: await streaming(g.target, md, o.streamMiB),
         inCluster: await streaming(g.inCluster, md, o.streamMiB),
       };
-      rounds.push({ unary: runs, streamingMBps: stream });
+      const mib = o.largeMiB ?? 32;
+      const n = o.largeCalls ?? 3;
+      // (the in-cluster path has a grpc-proxy of its own)
+      const largePids = { ...pids, "grpc-proxy-in-cluster": g.inClusterProc.pid! };
+      const large = {
+        direct: await largeUnary(g.direct, md, mib, n, largePids),
+        callplane: await largeUnary(g.target, md, mib, n, largePids),
+        inCluster: await largeUnary(g.inCluster, md, mib, n, largePids),
+      };
+      rounds.push({ unary: runs, streamingMBps: stream, largeUnary: large });
     }
     // the median of each figure over the rounds; each ratio is the median of the rounds' ratios
     const runs = medianOf(rounds.map((r) => r.unary));
@@ -257,6 +335,13 @@ export async function benchGrpc(o: GrpcBenchOptions): Promise<Record<string, unk
       },
       addedP50ms: per((r) => r.unary.oneAtATime.callplane.p50 - r.unary.oneAtATime.direct.p50, 1000),
       streamingMBps: medianOf(rounds.map((r) => r.streamingMBps)),
+      largeUnary: {
+        mib: o.largeMiB ?? 32,
+        calls: o.largeCalls ?? 3,
+        ...medianOf(rounds.map((r) => r.largeUnary)),
+        ratio: per((r) => r.largeUnary.direct.seconds / r.largeUnary.callplane.seconds),
+        ratioInCluster: per((r) => r.largeUnary.direct.seconds / r.largeUnary.inCluster.seconds),
+      },
       rounds,
     };
   } finally {

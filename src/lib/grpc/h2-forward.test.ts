@@ -13,12 +13,16 @@ import {
 } from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 import { test, type TestContext } from "node:test";
-import { forwardStream, nextHopRequestHeaders, resetFailure } from "./h2-forward.js";
+import { H2_STREAM_BUFFER, forwardStream, nextHopRequestHeaders, resetFailure } from "./h2-forward.js";
 
 const GRPC_HEAD = { ":status": 200, "content-type": "application/grpc" };
 
 /** The next hop (answering each stream with `answer`), the proxy in front of it, and a client of the proxy. */
-async function chain(t: TestContext, answer: (s: ServerHttp2Stream) => void): Promise<ClientHttp2Session> {
+async function chain(
+  t: TestContext,
+  answer: (s: ServerHttp2Stream) => void,
+  onProxied?: (down: ServerHttp2Stream) => void,
+): Promise<ClientHttp2Session> {
   const next = createServer();
   next.on("stream", (s: ServerHttp2Stream) => {
     s.on("error", () => undefined);
@@ -31,6 +35,7 @@ async function chain(t: TestContext, answer: (s: ServerHttp2Stream) => void): Pr
   upstream.on("error", () => undefined);
   const proxy = createServer();
   proxy.on("stream", (down: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number) => {
+    onProxied?.(down);
     void forwardStream(
       down,
       headers,
@@ -139,4 +144,40 @@ test("a next hop that ends its body without trailers and then resets: the client
     `no status: trailers ${JSON.stringify(r.trailers)}, reset ${r.rstCode}`,
   );
   assert.notEqual(r.rstCode, h2.NGHTTP2_INTERNAL_ERROR);
+});
+
+test("a relayed answer fills the stream buffer and no more while the client does not read, then arrives whole", async (t) => {
+  const size = 8 * 1024 * 1024;
+  let down: ServerHttp2Stream | undefined;
+  const client = await chain(
+    t,
+    (s) => {
+      s.respond(GRPC_HEAD, { waitForTrailers: true });
+      s.once("wantTrailers", () => s.sendTrailers({ "grpc-status": "0" }));
+      s.end(Buffer.alloc(size, 7));
+    },
+    (d) => (down = d),
+  );
+  const s = client.request({
+    ":method": "POST",
+    ":path": "/echo.Echo/Say",
+    "content-type": "application/grpc",
+  });
+  s.end(Buffer.from([0, 0, 0, 0, 0]));
+  s.pause();
+  await once(s, "response");
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(down?.writableHighWaterMark, H2_STREAM_BUFFER);
+  // (one DATA frame of the next hop may go over the mark)
+  assert.ok(
+    down.writableLength <= H2_STREAM_BUFFER + 64 * 1024,
+    `the proxy holds ${down.writableLength} bytes for a client that does not read`,
+  );
+  let bytes = 0;
+  s.on("data", (d: Buffer) => (bytes += d.length));
+  s.resume();
+  const [trailers] = (await once(s, "trailers")) as [IncomingHttpHeaders];
+  await once(s, "close");
+  assert.equal(bytes, size);
+  assert.equal(trailers["grpc-status"], "0");
 });
