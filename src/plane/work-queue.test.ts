@@ -1,13 +1,20 @@
 import assert from "node:assert/strict";
-import { test } from "node:test";
+import { test, type TestContext } from "node:test";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { randomUUID } from "node:crypto";
 import { startNats } from "../../test/testkit/index.js";
 import { silentLogger } from "../lib/log.js";
-import { DEFAULT_QUEUE_LIMITS, WorkQueues, connectNats, subjects } from "../lib/nats/index.js";
+import { DEFAULT_QUEUE_LIMITS, Replies, WorkQueues, connectNats, subjects } from "../lib/nats/index.js";
 import { WorkPublisher } from "./work-queue.js";
 
-test("a missing queue is asked of the control plane once, a repeated id is no error, a full queue is QUEUE_FULL, cancel removes the message (by sequence, or by a purge when none is known)", async (t) => {
+const TITLE =
+  "a missing queue is asked of the control plane once, a repeated id is no error, a full queue is QUEUE_FULL, cancel removes the message (by sequence, or by a purge when none is known)";
+
+// the same with each way of publishing: jetstream(nc).publish(), and the reply inbox the replicas use
+test(`${TITLE} (jetstream publish)`, (t) => publishing(t, false));
+test(`${TITLE} (through the reply inbox)`, (t) => publishing(t, true));
+
+async function publishing(t: TestContext, throughReplies: boolean): Promise<void> {
   const nats = await startNats(t, { region: "test" });
   // a replica's own connection (it may publish, not create streams); the control plane's stand-in
   // creates the queue when asked, on a connection of the test's
@@ -19,10 +26,18 @@ test("a missing queue is asked of the control plane once, a repeated id is no er
   const queues = new WorkQueues(admin, "test", limits);
   const asked: string[] = [];
   const fvid = randomUUID();
-  const pub = new WorkPublisher(nc, "test", limits, silentLogger(), async (v) => {
-    asked.push(v);
-    await queues.ensure(v);
-  });
+  const access = nats.access("invocation");
+  const pub = new WorkPublisher(
+    nc,
+    "test",
+    limits,
+    silentLogger(),
+    async (v) => {
+      asked.push(v);
+      await queues.ensure(v);
+    },
+    throughReplies ? new Replies(nc, access.inboxPrefix) : undefined,
+  );
   const cancels: string[] = [];
   admin.subscribe(subjects.cancel(fvid), { callback: (_e, m) => void cancels.push(m.string()) });
   const a = randomUUID();
@@ -56,4 +71,4 @@ test("a missing queue is asked of the control plane once, a repeated id is no er
   pub.cancel(fvid, b, "test");
   assert.equal(await left(0), 0, "purged by its subject");
   assert.deepEqual(cancels, [a, b]);
-});
+}

@@ -22,7 +22,7 @@ import { CallplaneError } from "../../lib/errors.js";
 import { holderHex, newHolderId } from "../../lib/ids.js";
 import { silentLogger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
-import { connectNats, REGISTRY_BUCKETS } from "../../lib/nats/index.js";
+import { connectNats, REGISTRY_BUCKETS, Replies } from "../../lib/nats/index.js";
 import { createAuthCache } from "../../plane/auth-cache.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
@@ -90,6 +90,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
         opts.queue,
         logger,
         askApiForQueue(opts.apiUrl, opts.serviceToken),
+        new Replies(nc, opts.nats.inboxPrefix),
       );
       const { connect, workerTls } = await workers.listen();
       const client = await clients.listen();

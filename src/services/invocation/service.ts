@@ -8,7 +8,7 @@
 // share (ReplicaState).
 import { holderHex } from "../../lib/ids.js";
 import type { Registry } from "../../lib/metrics.js";
-import { connectNats, REGISTRY_BUCKETS } from "../../lib/nats/index.js";
+import { connectNats, REGISTRY_BUCKETS, Replies } from "../../lib/nats/index.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { Relay } from "../../plane/relay.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
@@ -58,6 +58,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         opts.queue,
         logger,
         askApiForQueue(opts.apiUrl, opts.serviceToken),
+        new Replies(nc, opts.nats.inboxPrefix),
       );
       const url = await http.listen();
       const tlsUrl = await workerTls?.listen();
