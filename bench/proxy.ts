@@ -11,7 +11,17 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createCa, issueServerCert } from "../src/lib/tls/index.js";
 import { ensureTool, requireTools } from "./tools.js";
-import { treeCpuMs as cpuMs, freePort, machine, median, medianOf, procs, start, wrk, type WrkResult } from "./harness.js";
+import {
+  treeCpuMs as cpuMs,
+  freePort,
+  machine,
+  median,
+  medianOf,
+  procs,
+  start,
+  wrk,
+  type WrkResult,
+} from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const POD = "127-0-0-1.invocation.nvcf.svc.cluster.local";
