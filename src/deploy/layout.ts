@@ -114,6 +114,21 @@ export const MOUNTS = {
   natsData: "/data",
 } as const;
 
+/**
+ * The worker callback proxy's HAProxy container (the official image's layout) and the folder it
+ * shares with the certificate keeper beside it.
+ */
+export const HAPROXY = {
+  /** The ConfigMap with haproxy.cfg and the answers to requests HAProxy's parser refuses. */
+  configMap: "worker-callback-proxy-haproxy",
+  /** The official image's configuration folder, where the ConfigMap is mounted. */
+  configDir: "/usr/local/etc/haproxy",
+  configFile: "/usr/local/etc/haproxy/haproxy.cfg",
+  /** An emptyDir of both containers: HAProxy's runtime API socket, which the keeper uses. */
+  runDir: "/run/haproxy",
+  adminSocket: "/run/haproxy/admin.sock",
+} as const;
+
 /** The image's layout: the built checkout at /app (dist/, node_modules/, bin/). */
 export const APP_DIR = "/app";
 

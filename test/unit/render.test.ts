@@ -13,6 +13,7 @@ import { stringify } from "yaml";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { ConfigError } from "../../src/lib/config/index.js";
 import { natsServerBinary } from "../../src/lib/nats/index.js";
+import { haproxyBinary } from "../../src/services/callback-proxy/haproxy.js";
 import { createCa, issueServerCert } from "../../src/lib/tls/index.js";
 import { RenderError, renderFile, writeRendered } from "../../src/deploy/index.js";
 import type { K8sObject, RenderResult } from "../../src/deploy/render/index.js";
@@ -541,4 +542,51 @@ void test("the rendered nats.conf, with the auth block its init container writes
     env: { ...process.env, POD_NAME: "nats-0" },
   });
   assert.equal(check.status, 0, `nats-server -t: ${check.stdout}${check.stderr}`);
+});
+
+void test("the rendered haproxy.cfg, with its error files and the pod's certificates, passes haproxy -c", async (t) => {
+  const dir = tmpDir(t, "callplane-render-haproxy-");
+  const r = renderExample("split-plane");
+  const data = (
+    find(r, "ConfigMap", "worker-callback-proxy-haproxy") as unknown as { data: Record<string, string> }
+  ).data;
+  assert.deepEqual(Object.keys(data).sort(), ["400.http", "408.http", "haproxy.cfg"]);
+  // the pod's mounts, moved into the folder: the ConfigMap, the frontend Secret, the stack CA, the
+  // shared runtime API folder
+  const moves: Array<[string, string]> = [
+    ["/usr/local/etc/haproxy/", "config"],
+    ["/etc/callplane/pki/proxy/", "frontend"],
+    ["/etc/callplane/ca/", "ca"],
+    ["/run/haproxy/", "run"],
+  ];
+  let cfg = data["haproxy.cfg"];
+  for (const [from, to] of moves) {
+    assert.ok(cfg.includes(from), `haproxy.cfg names ${from}`);
+    mkdirSync(join(dir, to));
+    cfg = cfg.replaceAll(from, `${join(dir, to)}/`);
+  }
+  assert.doesNotMatch(cfg, / \/(etc|usr|run)\//, "every pod path was moved");
+  writeFileSync(join(dir, "config", "haproxy.cfg"), cfg);
+  for (const f of ["400.http", "408.http"]) writeFileSync(join(dir, "config", f), data[f]);
+  const ca = await createCa();
+  const cert = await issueServerCert(ca, ["*.worker.callplane.example.com"]);
+  // a kubernetes.io/tls Secret: the key beside the certificate
+  writeFileSync(join(dir, "frontend", "tls.crt"), cert.certPem);
+  writeFileSync(join(dir, "frontend", "tls.key"), cert.keyPem);
+  writeFileSync(join(dir, "ca", "ca.crt"), ca.certPem);
+  const check = spawnSync(haproxyBinary(), ["-c", "-f", join(dir, "config", "haproxy.cfg")], {
+    encoding: "utf8",
+  });
+  assert.equal(check.status, 0, `haproxy -c: ${check.stdout}${check.stderr}`);
+  // the pod starts HAProxy on that file, beside the keeper on the same socket
+  const pod = template(find(r, "Deployment", "worker-callback-proxy")).spec as unknown as {
+    containers: Array<{ name: string; image: string; command: string[] }>;
+  };
+  assert.deepEqual(
+    pod.containers.map((c) => c.name),
+    ["haproxy", "certificates"],
+  );
+  assert.equal(pod.containers[0].image, "haproxy:2.6");
+  assert.deepEqual(pod.containers[0].command.slice(-2), ["-f", "/usr/local/etc/haproxy/haproxy.cfg"]);
+  assert.deepEqual(pod.containers[1].command.slice(-2), ["--runtime-api", "/run/haproxy/admin.sock"]);
 });

@@ -1,8 +1,10 @@
 // 00-namespaces.yaml and 01-config.yaml: the control plane's and the workers' namespaces, and the
-// ConfigMaps the pods read their configuration from (the pods' copy of the environment file, and
-// nats-server's configuration when the NATS StatefulSet is rendered).
+// ConfigMaps the pods read their configuration from (the pods' copy of the environment file,
+// nats-server's configuration when the NATS StatefulSet is rendered, and the worker callback proxy's
+// HAProxy configuration when the proxy is on).
 import { ConfigMap, Namespace } from "kubernetes-models/v1";
-import { WORKLOADS } from "../layout.js";
+import { HAPROXY, WORKLOADS } from "../layout.js";
+import { haproxyConfigData } from "./callback-proxy.js";
 import type { RenderContext } from "./context.js";
 import { natsConfText } from "./nats.js";
 import type { K8sObject } from "./types.js";
@@ -41,6 +43,13 @@ export function renderConfigMaps(k: RenderContext): K8sObject[] {
       new ConfigMap({
         metadata: k.meta("nats-config", WORKLOADS.nats),
         data: { "nats.conf": natsConfText(k) },
+      }),
+    );
+  if (k.proxyOn)
+    out.push(
+      new ConfigMap({
+        metadata: k.meta(HAPROXY.configMap, WORKLOADS.proxy),
+        data: haproxyConfigData(k),
       }),
     );
   return out;

@@ -83,6 +83,23 @@ export function httpProbe(
   };
 }
 
+/** Readiness, liveness and startup probes on /health, as every callplane container has them. */
+export function healthProbes(
+  port: string,
+  opts: { scheme?: "HTTPS"; livenessFailures?: number } = {},
+): Pick<IContainer, "readinessProbe" | "livenessProbe" | "startupProbe"> {
+  return {
+    readinessProbe: httpProbe(port, 2, 5, opts.scheme),
+    livenessProbe: httpProbe(port, opts.livenessFailures ?? 6, 10, opts.scheme),
+    startupProbe: httpProbe(port, 60, 2, opts.scheme),
+  };
+}
+
+/** What every container of the plane runs with: no privileges, nothing written outside its volumes. */
+export function hardened(): NonNullable<IContainer["securityContext"]> {
+  return { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ["ALL"] } };
+}
+
 export function env(extra: IEnvVar[] = []): IEnvVar[] {
   return [
     { name: "CALLPLANE_CONFIG", value: MOUNTS.configFile },
@@ -164,28 +181,26 @@ export function container(
     /** HTTPS: the port serves TLS only (the admission webhook). */
     probeScheme?: "HTTPS";
     livenessFailures?: number;
+    /** The container's name when the pod has more than one (default: the component). */
+    name?: string;
+    /** Arguments after main.js. */
+    args?: string[];
+    /** Default: the workload's `<section>.resources`. */
+    resources?: IContainer["resources"];
   },
 ): IContainer {
   return {
-    name: w.component,
+    name: opts.name ?? w.component,
     image: k.image,
     imagePullPolicy: k.c.kubernetes.imagePullPolicy,
-    command: ["node", `${APP_DIR}/dist/src/services/${w.dir}/main.js`],
+    command: ["node", `${APP_DIR}/dist/src/services/${w.dir}/main.js`, ...(opts.args ?? [])],
     env: env(opts.env),
     ports: opts.ports.map((p) => ({ ...p, protocol: "TCP" })),
     ...(opts.probePort
-      ? {
-          readinessProbe: httpProbe(opts.probePort, 2, 5, opts.probeScheme),
-          livenessProbe: httpProbe(opts.probePort, opts.livenessFailures ?? 6, 10, opts.probeScheme),
-          startupProbe: httpProbe(opts.probePort, 60, 2, opts.probeScheme),
-        }
+      ? healthProbes(opts.probePort, { scheme: opts.probeScheme, livenessFailures: opts.livenessFailures })
       : {}),
-    resources: resources(k, w),
-    securityContext: {
-      allowPrivilegeEscalation: false,
-      readOnlyRootFilesystem: true,
-      capabilities: { drop: ["ALL"] },
-    },
+    resources: opts.resources ?? resources(k, w),
+    securityContext: hardened(),
     volumeMounts: opts.mounts,
   };
 }

@@ -83,9 +83,10 @@ export function scaled(
   spec: IPodSpec,
   replicas: number,
   autoscaling?: Config["invocation"]["autoscaling"],
+  annotations?: Record<string, string>,
 ): K8sObject[] {
   const auto = autoscaling?.enabled === true;
-  const out: K8sObject[] = [deployment(k, w, spec, { replicas, autoscaled: auto })];
+  const out: K8sObject[] = [deployment(k, w, spec, { replicas, autoscaled: auto, annotations })];
   if (replicas > 1 || (auto && autoscaling.minReplicas > 1)) out.push(pdb(k, w));
   if (auto) out.push(hpa(k, w, autoscaling));
   return out;
