@@ -15,6 +15,7 @@ import type { IContainer } from "kubernetes-models/v1";
 import {
   haproxyConfig,
   haproxyErrorFiles,
+  haproxySettings,
   type HaproxyConfigOptions,
 } from "../../services/callback-proxy/haproxy-config.js";
 import { HAPROXY, MOUNTS, SERVICES, TLS_SECRETS, WORKLOADS } from "../layout.js";
@@ -43,19 +44,15 @@ function frontendDir(k: RenderContext): string {
  * same from it on one machine), with the pod's paths.
  */
 export function haproxyOptions(k: RenderContext): HaproxyConfigOptions {
-  const c = k.c;
-  const p = c.workerCallbackProxy;
   const ports = k.plan.ports;
-  const upstreamTls = p.invocation.upstreamTls.enabled;
+  const settings = haproxySettings(k.c);
   return {
+    ...settings,
     listen: { host: "0.0.0.0", port: ports.proxy },
     metricsListen: { host: "0.0.0.0", port: ports.proxyMetrics },
-    serviceDomain: c.global.serviceDomain,
-    workerDomain: p.workerDomain,
     grpcPodPort: k.grpcOn ? ports.grpcWorkerTls : undefined,
     podNetworks: [...k.plan.podNetworks],
-    upstreamTls,
-    podPort: upstreamTls ? ports.invocationWorkerTls : ports.invocation,
+    podPort: settings.upstreamTls ? ports.invocationWorkerTls : ports.invocation,
     files: {
       // a kubernetes.io/tls Secret: HAProxy finds tls.key beside tls.crt
       frontendPem: `${frontendDir(k)}/tls.crt`,
@@ -64,19 +61,9 @@ export function haproxyOptions(k: RenderContext): HaproxyConfigOptions {
       adminSocket: HAPROXY.adminSocket,
       errorDir: HAPROXY.configDir,
     },
-    timeouts: {
-      headersMs: p.timeouts.headersSeconds * 1000,
-      idleMs: p.timeouts.idleSeconds * 1000,
-      connectMs: p.timeouts.connectSeconds * 1000,
-    },
-    maxHeaderBytes: p.maxHeaderBytes,
-    shutdownGraceMs: p.shutdownGraceSeconds * 1000,
-    threads: p.threads,
-    poolMaxConnections: p.upstreamConnectionsPerPod,
   };
 }
 
-/** The ConfigMap's data: haproxy.cfg, and the error files under the names the configuration gives them. */
 export function haproxyConfigData(k: RenderContext): Record<string, string> {
   const o = haproxyOptions(k);
   const data: Record<string, string> = { "haproxy.cfg": haproxyConfig(o) };

@@ -22,6 +22,7 @@
 //
 // CONNECT tunnels to invocation pods are not offered: workers never ask for one (their callbacks
 // are absolute-form requests), and HAProxy cannot answer a CONNECT itself.
+import type { Config } from "../../lib/config/index.js";
 import { ATTACH_PATH } from "../../lib/contract.js";
 import { CallplaneError, type ErrorCode } from "../../lib/errors.js";
 import { formatHostPort, type HostPort, parseCidr, POD_SERVICES } from "../../lib/net/index.js";
@@ -60,6 +61,37 @@ export interface HaproxyConfigOptions {
   threads?: number | undefined;
   /** The most idle connections to pods kept for reuse (default: HAProxy's, unbounded). */
   poolMaxConnections?: number | undefined;
+}
+
+/** What HAProxy's configuration takes from callplane's own, wherever the proxy runs. */
+export function haproxySettings(
+  c: Config,
+): Pick<
+  HaproxyConfigOptions,
+  | "serviceDomain"
+  | "workerDomain"
+  | "upstreamTls"
+  | "timeouts"
+  | "maxHeaderBytes"
+  | "shutdownGraceMs"
+  | "threads"
+  | "poolMaxConnections"
+> {
+  const p = c.workerCallbackProxy;
+  return {
+    serviceDomain: c.global.serviceDomain,
+    workerDomain: p.workerDomain,
+    upstreamTls: p.invocation.upstreamTls.enabled,
+    timeouts: {
+      headersMs: p.timeouts.headersSeconds * 1000,
+      idleMs: p.timeouts.idleSeconds * 1000,
+      connectMs: p.timeouts.connectSeconds * 1000,
+    },
+    maxHeaderBytes: p.maxHeaderBytes,
+    shutdownGraceMs: p.shutdownGraceSeconds * 1000,
+    threads: p.threads,
+    poolMaxConnections: p.upstreamConnectionsPerPod,
+  };
 }
 
 /** The backend whose one server stands for readiness: the drain disables it, /health then fails. */
@@ -463,6 +495,8 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
     `  bind ${formatHostPort(o.metricsListen)}`,
     "  mode http",
     "  option dontlog-normal",
+    // probes are not callbacks: nothing of this listener goes to the access log
+    "  no log",
     "  monitor-uri /health",
     "  monitor fail if { nbsrv(ready) lt 1 }",
     "  http-request use-service prometheus-exporter if { path /metrics }",

@@ -7,7 +7,7 @@ import { parseHostPort } from "../../lib/net/index.js";
 import { runService, type Running } from "../../lib/process/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
 import { createRegistry } from "../../lib/metrics.js";
-import { READY_SERVER } from "./haproxy-config.js";
+import { haproxySettings, READY_SERVER } from "./haproxy-config.js";
 import { HaproxyRuntime } from "./haproxy.js";
 import { createCallbackProxy, frontendPem } from "./service.js";
 
@@ -48,10 +48,13 @@ runService(
         logger,
         registry,
       );
+      // the reloaders' watches and poll do not hold the process open: this does, until the stop
+      const hold = setInterval(() => undefined, 2 ** 30);
       logger.info({ socket }, "keeping the certificates of the callback proxy's HAProxy");
       const running: Running = {
         urls: {},
         async close() {
+          clearInterval(hold);
           frontend.close();
           podCa.close();
           // the pod is stopping: balancers are told at once; HAProxy drains on its own stop signal
@@ -60,6 +63,7 @@ runService(
             .catch((err: unknown) => logger.warn({ err }, "callback proxy readiness not withdrawn"));
         },
         destroy: () => {
+          clearInterval(hold);
           frontend.close();
           podCa.close();
         },
@@ -74,26 +78,16 @@ runService(
       registry,
     );
     const podCa = new TlsReloader("pod-ca", files.ca, (m) => void proxy.setPodCa(m.ca!), logger, registry);
+    const settings = haproxySettings(config);
     const proxy = await createCallbackProxy({
+      ...settings,
       listen: parseHostPort(p.listen),
       metricsListen: parseHostPort(p.metricsListen),
-      serviceDomain: config.global.serviceDomain,
-      workerDomain: p.workerDomain,
       grpcPodPort: config.grpcproxy.replicaCount > 0 ? config.grpcproxy.workerTlsPort : undefined,
       podNetworks: [...p.podNetworks],
-      upstreamTls: p.invocation.upstreamTls.enabled,
-      podPort: p.invocation.upstreamTls.enabled ? p.invocation.workerTlsPort : config.invocation.port,
+      podPort: settings.upstreamTls ? p.invocation.workerTlsPort : config.invocation.port,
       frontend: { cert: frontend.material.cert!, key: frontend.material.key! },
       podCa: podCa.material.ca!,
-      timeouts: {
-        headersMs: p.timeouts.headersSeconds * 1000,
-        idleMs: p.timeouts.idleSeconds * 1000,
-        connectMs: p.timeouts.connectSeconds * 1000,
-      },
-      maxHeaderBytes: p.maxHeaderBytes,
-      shutdownGraceMs: p.shutdownGraceSeconds * 1000,
-      threads: p.threads,
-      poolMaxConnections: p.upstreamConnectionsPerPod,
       logger,
     });
     const urls = await proxy.listen();
