@@ -6,6 +6,7 @@ import {
   loadConfig,
   localNatsClusterProblems,
   localPodNetworkProblems,
+  databaseProblems,
 } from "../lib/config/index.js";
 import { natsNodes } from "../lib/nats/index.js";
 import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net/index.js";
@@ -92,7 +93,11 @@ async function main(): Promise<void> {
     if (proxy.enabled)
       addresses.push([`grpc-proxy-${i + 1} worker TLS`, { host: ip, port: grpc.workerTlsPort }]);
   }
-  const podProblems = [...localPodNetworkProblems(config), ...localNatsClusterProblems(config)];
+  const podProblems = [
+    ...localPodNetworkProblems(config),
+    ...localNatsClusterProblems(config),
+    ...databaseProblems(config),
+  ];
   if (podProblems.length) throw new StackError(podProblems.join("\n"));
   if (proxy.enabled) {
     addresses.push(

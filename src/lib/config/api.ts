@@ -31,7 +31,11 @@ export const essSection = section({ podAnnotations: podAnnotations() });
 
 export type ApiConfig = z.output<typeof apiSection>;
 
-/** The database driver and its URL go together. */
+/**
+ * The database driver and its URL go together. Checked where the database is used (the API's
+ * start, and the local stack, which runs the API), not at every load: on Kubernetes every pod reads
+ * one configuration, and only the API's pods are given the PostgreSQL URL (from a Secret).
+ */
 export function databaseProblems(c: { api: ApiConfig }): string[] {
   const p: string[] = [];
   const db = c.api.database;

@@ -12,3 +12,4 @@ export { configSchema, type Config, type ConfigInput } from "./schema.js";
 export { ConfigError, loadConfig, type LoadOptions } from "./loader.js";
 export { localNatsClusterProblems } from "./nats.js";
 export { localPodNetworkProblems } from "./callback-proxy.js";
+export { databaseProblems } from "./api.js";

@@ -2,7 +2,6 @@
 // Each rule lives beside its section; this runs them in one fixed order, so a file with several
 // problems lists them the same way every time.
 import { issuerListenProblems } from "./admin-issuer.js";
-import { databaseProblems } from "./api.js";
 import {
   connectProblems,
   frontendProblems,
@@ -28,7 +27,6 @@ export function crossFieldProblems(
     ...issuerListenProblems(c),
     ...splitPlaneProblems(c),
     ...invocationProxyUrlProblems(c),
-    ...databaseProblems(c),
     ...mekProblems(c),
     ...natsProblems(c, explicitlyEmpty),
     ...grpcProxyProblems(c),

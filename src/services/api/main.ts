@@ -8,7 +8,7 @@ import {
   SERVICE_SCOPES,
   type ServiceName,
 } from "../../lib/identity/index.js";
-import type { Config } from "../../lib/config/index.js";
+import { ConfigError, databaseProblems, type Config } from "../../lib/config/index.js";
 import type { Logger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { natsAccess, readWorkerSeed } from "../../lib/nats/index.js";
@@ -49,6 +49,8 @@ async function mekProvider(config: Config, logger: Logger): Promise<MekProvider>
 }
 
 runService("api", async (config, logger) => {
+  const dbProblems = databaseProblems(config);
+  if (dbProblems.length) throw new ConfigError("api", dbProblems);
   const adminPublicKeyPem = readKey(
     config.auth.adminPublicKeyFile,
     "auth.adminPublicKeyFile",
