@@ -354,7 +354,7 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
       // a request HAProxy's parser refused ran no rule: it has no outcome of its own
       `"outcome":"%[var(txn.outcome,refused_framing),json(utf8s)]"`,
       `"termination":"%tsc"`,
-      `"reason":"%[var(txn.reason,unparsable_or_late_request),json(utf8s)]"`,
+      `"reason":"%[var(txn.reason),json(utf8s)]"`,
       `"upstreamError":"%[bc_err_str,json(utf8s)]"`,
       `"bytesIn":%U`,
       `"bytesOut":%B`,
