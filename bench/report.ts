@@ -506,6 +506,19 @@ function rowsGrpc(r: Result, o: GrpcBenchOptions): Row[] {
         ratio: roundRatio(rounds, `streamingMBps.${p}.${way}`, `streamingMBps.direct.${way}`),
         runs,
       });
+    // one unary call carrying a large message each way: seconds per call (value ÷ baseline, as for
+    // the latencies: lower is better)
+    const mib = num(get(r, "largeUnary.mib")) ?? 32;
+    rows.push({
+      name: `gRPC unary, one ${mib} MiB message each way (grpc-js, 4 MiB client window): ${label}`,
+      metric: "seconds per call",
+      value: num(get(r, `largeUnary.${p}.seconds`)),
+      unit: "s",
+      baselineName: "direct to the gRPC server",
+      baseline: num(get(r, "largeUnary.direct.seconds")),
+      ratio: roundRatio(rounds, `largeUnary.${p}.seconds`, "largeUnary.direct.seconds"),
+      runs,
+    });
   }
   return rows;
 }

@@ -186,6 +186,15 @@ async function main(): Promise<void> {
     console.log(
       `  streaming ${flag("stream-mib", 64)} MiB: up direct ${st.direct.up} MB/s, callplane ${st.callplane.up} MB/s, in-cluster ${st.inCluster.up} MB/s | down direct ${st.direct.down} MB/s, callplane ${st.callplane.down} MB/s, in-cluster ${st.inCluster.down} MB/s`,
     );
+    const lu = result.largeUnary as Record<
+      "direct" | "callplane" | "inCluster",
+      { seconds: number; MBps: number }
+    > & {
+      mib: number;
+    };
+    console.log(
+      `  unary, one ${lu.mib} MiB message each way: direct ${lu.direct.seconds} s, callplane ${lu.callplane.seconds} s (${Math.round((lu.callplane.seconds / lu.direct.seconds) * 100) / 100}x the direct time), in-cluster ${lu.inCluster.seconds} s`,
+    );
     console.log(
       "  (callplane: workers tunnel through the callback proxy, TLS both legs, as npm start sets up; in-cluster: workers dial grpc-proxy's CONNECT listener, no TLS)",
     );
