@@ -8,7 +8,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dest="$root/.tools/haproxy"
 suite=${CALLPLANE_HAPROXY_DEB_SUITE:-bookworm}
-mirror=${CALLPLANE_DEB_MIRROR:-http://deb.debian.org/debian}
 
 version_ok() { # $1 = binary; true when it runs and reports >= 2.6 with OpenSSL and the Prometheus exporter
   local out v
@@ -34,17 +33,11 @@ command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || {
 echo "fetching haproxy from Debian $suite into .tools/haproxy/ ..." >&2
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/state/lists/partial" "$scratch/cache/archives/partial"
-printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' "$mirror" "$suite" >"$scratch/sources.list"
-apt_opts=(
-  -o "Dir::Etc::SourceList=$scratch/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-  -o "Dir::State=$scratch/state" -o "Dir::Cache=$scratch/cache" -o "Debug::NoLocking=true"
-  -o "APT::Sandbox::User=$(id -un)"
-)
-apt-get "${apt_opts[@]}" -qq update >&2
+# shellcheck source=debian-download.sh
+. "$root/scripts/debian-download.sh"
 # the libraries haproxy links that a minimal Debian 12 lacks; the rest (libc, libssl3, pcre2,
 # libsystemd, libcrypt) are part of every Debian 12 system
-(cd "$scratch" && apt-get "${apt_opts[@]}" -qq download haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 >&2)
+debian_download "$suite" "$scratch" haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1
 rm -rf "$dest.new" && mkdir -p "$dest.new"
 for deb in "$scratch"/*.deb; do dpkg-deb -x "$deb" "$dest.new/root"; done
 libdir=$(dirname "$(find "$dest.new/root" -name 'liblua5.3.so.0*' | head -1)")

@@ -7,7 +7,6 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools="$root/.tools"
 suite=${CALLPLANE_NATS_DEB_SUITE:-trixie}
-mirror=${CALLPLANE_DEB_MIRROR:-http://deb.debian.org/debian}
 
 version_ok() { # $1 = binary; true when it runs and reports >= 2.10
   local v
@@ -31,15 +30,10 @@ command -v apt-get >/dev/null && command -v dpkg >/dev/null || {
 echo "fetching nats-server from Debian $suite into .tools/ ..." >&2
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/state/lists/partial" "$scratch/cache/archives/partial" "$tools"
-printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n' "$mirror" "$suite" >"$scratch/sources.list"
-apt_opts=(
-  -o "Dir::Etc::SourceList=$scratch/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-  -o "Dir::State=$scratch/state" -o "Dir::Cache=$scratch/cache" -o "Debug::NoLocking=true"
-  -o "APT::Sandbox::User=$(id -un)"
-)
-apt-get "${apt_opts[@]}" -qq update >&2
-(cd "$scratch" && apt-get "${apt_opts[@]}" -qq download nats-server >&2)
+mkdir -p "$tools"
+# shellcheck source=debian-download.sh
+. "$root/scripts/debian-download.sh"
+debian_download "$suite" "$scratch" nats-server
 dpkg-deb -x "$scratch"/nats-server_*.deb "$scratch/unpacked"
 install -m 0755 "$scratch/unpacked/usr/sbin/nats-server" "$tools/nats-server"
 version_ok "$tools/nats-server" || { echo "the downloaded nats-server is older than 2.10" >&2; exit 1; }
