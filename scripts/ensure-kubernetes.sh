@@ -54,8 +54,10 @@ build() {
   echo "building kube-apiserver and kube-controller-manager $version from Debian's source (once per machine, about 11 minutes on 2 cores; log: $log) ..." >&2
   export DEBIAN_FRONTEND=noninteractive
   {
-    apt-get install -y -qq golang-1.19-go golang-github-modern-go-reflect2-dev ||
-      { apt-get update -qq && apt-get install -y -qq golang-1.19-go golang-github-modern-go-reflect2-dev; }
+    # rsync: the build's code generators are copied into _output/bin with it (without it they are
+    # left as files that cannot run, and the build fails on "Permission denied")
+    apt-get install -y -qq golang-1.19-go golang-github-modern-go-reflect2-dev rsync ||
+      { apt-get update -qq && apt-get install -y -qq golang-1.19-go golang-github-modern-go-reflect2-dev rsync; }
   } >>"$log" 2>&1
   local scratch
   scratch=$(mktemp -d)
