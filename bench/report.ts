@@ -425,7 +425,7 @@ function rowsProxy(r: Result, o: ProxyBenchOptions): Row[] {
       return v === undefined ? undefined : v * factor;
     };
     rows.push({
-      name: `callback proxy, ${label}: callplane`,
+      name: `callback proxy, ${label}: callplane (HAProxy, callplane's configuration)`,
       metric,
       value: value("callplane"),
       unit,
@@ -666,8 +666,8 @@ const SECTIONS: Section[] = [
   },
   {
     key: "proxy",
-    title: "The worker callback proxy vs. HAProxy vs. direct",
-    how: "The same job for both proxies: TLS termination with the same `*.<workerDomain>` certificate, only the callback path and pod-addressed hosts admitted, TLS to the pod verified against the same CA and the pod name, per-pod connection reuse (`haproxy` from Debian's package, `nbthread 1`, configured from `../shared/reference/baselines/haproxy-callback-proxy.cfg`). wrk sends absolute-form forward-proxy requests; the pod is a small TLS server. CPU per request is the proxy process's own CPU time over the requests it served.",
+    title: "The worker callback proxy (HAProxy, callplane's configuration) vs. a minimal HAProxy vs. direct",
+    how: "The callback proxy is HAProxy: callplane's row runs it as `npm start` does (the `callback-proxy` keeper starting Debian's `haproxy`, one thread, with the configuration callplane writes: every check on the target, the JSON access log, problem answers). The baseline is the same HAProxy with the least configuration for the same job (`nbthread 1`, from `../shared/reference/baselines/haproxy-callback-proxy.cfg`: TLS termination with the same `*.<workerDomain>` certificate, only the callback path and pod-addressed hosts admitted, TLS to the pod verified against the same CA and the pod name, connection reuse, no log). The ratio is the price of callplane's checks and log. wrk sends absolute-form forward-proxy requests; the pod is a small TLS server. CPU per request is the proxy's CPU time (the keeper and its HAProxy processes) over the requests it served. The Node TLS pipe row is kept as the ceiling a Node proxy would have had.",
     run: (p) => benchProxy(p.proxy),
     rows: (r, p) => rowsProxy(r, p.proxy),
   },
