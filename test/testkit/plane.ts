@@ -403,11 +403,11 @@ async function startPlaneProxy(
   const frontend = new TlsReloader(
     "frontend",
     { certFile: join(frontendDir, TLS_FILES.cert), keyFile: join(frontendDir, TLS_FILES.key) },
-    (m) => void proxy.setFrontend(m),
+    (m) => proxy.setFrontend(m),
     logger,
     registry,
   );
-  const podCa = new TlsReloader("pod-ca", { caFile }, (m) => void proxy.setPodCa(m.ca!), logger, registry);
+  const podCa = new TlsReloader("pod-ca", { caFile }, (m) => proxy.setPodCa(m.ca!), logger, registry);
   const port = await freePort(host);
   const proxy: CallbackProxy = await createCallbackProxy({
     listen: { host, port },

@@ -68,7 +68,8 @@ export class TlsReloader {
   constructor(
     private readonly name: string,
     private readonly files: TlsFiles,
-    private readonly onChange: (m: TlsMaterial) => void,
+    /** Applies new material; a promise when it takes effect elsewhere (counted once it settles). */
+    private readonly onChange: (m: TlsMaterial) => void | Promise<void>,
     private readonly logger: Logger,
     registry: Registry,
     opts: { pollMs?: number } = {},
@@ -179,15 +180,33 @@ export class TlsReloader {
       );
       return;
     }
+    const previous = { material: this.current, digest: this.digest };
     this.current = next;
     this.digest = digest;
     this.setExpiry();
-    this.onChange(next);
-    this.reloads.inc({ material: this.name, result: "applied" });
-    this.logger.info(
-      { material: this.name, notAfter: next.cert ? new X509Certificate(next.cert).validTo : undefined },
-      "certificate reloaded",
-    );
+    const applied = () => {
+      this.reloads.inc({ material: this.name, result: "applied" });
+      this.logger.info(
+        { material: this.name, notAfter: next.cert ? new X509Certificate(next.cert).validTo : undefined },
+        "certificate reloaded",
+      );
+    };
+    // A change applied elsewhere (HAProxy's runtime API) counts once it has taken effect; one that
+    // failed there leaves the last good material in place, and the next poll tries again.
+    const pending = this.onChange(next);
+    if (!pending) return applied();
+    pending.then(applied, (err: unknown) => {
+      if (this.digest === digest) {
+        this.current = previous.material;
+        this.digest = previous.digest;
+        this.setExpiry();
+      }
+      this.reloads.inc({ material: this.name, result: "rejected" });
+      this.logger.error(
+        { material: this.name, err: (err as Error).message },
+        "the certificate update was not applied; keeping the last good one (tried again at the next poll)",
+      );
+    });
   }
 
   close(): void {

@@ -37,14 +37,14 @@ runService(
       const frontend = new TlsReloader(
         "frontend",
         files.frontend,
-        (m) => void runtime.replaceCertificate(files.frontend.certFile, frontendPem(m.cert!, m.key!)),
+        (m) => runtime.replaceCertificate(files.frontend.certFile, frontendPem(m.cert!, m.key!)),
         logger,
         registry,
       );
       const podCa = new TlsReloader(
         "pod-ca",
         files.ca,
-        (m) => void runtime.replaceCa(files.ca.caFile, m.ca!),
+        (m) => runtime.replaceCa(files.ca.caFile, m.ca!),
         logger,
         registry,
       );
@@ -73,11 +73,11 @@ runService(
     const frontend = new TlsReloader(
       "frontend",
       files.frontend,
-      (m) => void proxy.setFrontend(m),
+      (m) => proxy.setFrontend(m),
       logger,
       registry,
     );
-    const podCa = new TlsReloader("pod-ca", files.ca, (m) => void proxy.setPodCa(m.ca!), logger, registry);
+    const podCa = new TlsReloader("pod-ca", files.ca, (m) => proxy.setPodCa(m.ca!), logger, registry);
     const settings = haproxySettings(config);
     const proxy = await createCallbackProxy({
       ...settings,

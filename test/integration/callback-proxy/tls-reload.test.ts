@@ -61,7 +61,7 @@ async function watched(
   const reloader = new TlsReloader(
     "test-cert",
     { certFile: join(certDir, TLS_FILES.cert), keyFile: join(certDir, TLS_FILES.key) },
-    (m) => changes.push(m),
+    (m) => void changes.push(m),
     logger,
     registry,
   );
