@@ -27,7 +27,7 @@ import {
   invocationCertFolder,
   issueServerCert,
 } from "../src/lib/tls/index.js";
-import { freePort, removeLater, start, waitHttp } from "./harness.js";
+import { descendantsOf, freePort, removeLater, start, waitHttp } from "./harness.js";
 
 const dist = join(import.meta.dirname, "..");
 const WORKER_DOMAIN = "worker.callplane.test";
@@ -432,7 +432,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
       return {
         nats: [nats.pid!],
         invocation: [(which === "viaProxy" ? viaProxy : direct).pid!],
-        ...(which === "viaProxy" ? { proxy: [proxy.pid!] } : {}),
+        // the keeper and the HAProxy processes it runs
+        ...(which === "viaProxy" ? { proxy: [proxy.pid!, ...descendantsOf(proxy.pid!)] } : {}),
         worker: workers.map((w) => w.pid!),
         echo: [echo.pid!],
       };

@@ -9,7 +9,7 @@
 import { join } from "node:path";
 import { startChain } from "./chain.js";
 import {
-  treeCpuMs,
+  cpuMs,
   hasWrk,
   load,
   machine,
@@ -50,8 +50,8 @@ export async function benchInvoke(o: InvokeBenchOptions): Promise<Record<string,
     const throughput = async (name: keyof typeof paths): Promise<Throughput> => {
       const target = paths[name];
       const pids = roles(name);
-      // a process and its helpers (the callback proxy runs HAProxy)
-      const cpu = (ps: number[]) => ps.reduce((s, p) => s + treeCpuMs(p), 0);
+      // the roles list every process (the callback proxy's HAProxy processes beside its keeper)
+      const cpu = (ps: number[]) => ps.reduce((s, p) => s + cpuMs(p), 0);
       const before = Object.fromEntries(Object.entries(pids).map(([k, ps]) => [k, cpu(ps)]));
       const lg0 = process.cpuUsage();
       // wrk (C) when installed: a Node load generator would take a large share of two cores
