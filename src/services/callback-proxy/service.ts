@@ -135,7 +135,10 @@ function callbackProxy(opts: CallbackProxyOptions) {
       proc = startHaproxy({
         binary,
         configFile,
-        onLog: onAccessLog,
+        // HAProxy's own notices share its log stream (a reload's "Proxy ... stopped"): only the
+        // JSON lines are callbacks
+        onLog: (line) =>
+          line.startsWith("{") ? onAccessLog(line) : logger.info({ haproxy: line }, "haproxy"),
         onMessage: (line) => {
           messages.push(line);
           if (messages.length > 50) messages.shift();
