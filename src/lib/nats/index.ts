@@ -5,6 +5,7 @@ export * from "./access.js";
 export * from "./admin.js";
 export * from "./cluster.js";
 export * from "./connection.js";
+export * from "./credit-pull.js";
 export * from "./credentials.js";
 export * from "./health.js";
 export * from "./permissions.js";

@@ -121,7 +121,7 @@ function callbackProxy(opts: CallbackProxyOptions) {
   let proc: HaproxyProcess | undefined;
   let draining = false;
   const messages: string[] = [];
-  const onAccessLog = opts.onAccessLog ?? ((line: string) => process.stdout.write(`${line}\n`));
+  const onAccessLog = opts.onAccessLog;
   const runtime = new HaproxyRuntime(files.adminSocket, logger);
   return {
     /** The folder of HAProxy's files (configuration, certificates, admin socket). */
@@ -136,9 +136,10 @@ function callbackProxy(opts: CallbackProxyOptions) {
         binary,
         configFile,
         // HAProxy's own notices share its log stream (a reload's "Proxy ... stopped"): only the
-        // JSON lines are callbacks
-        onLog: (line) =>
-          line.startsWith("{") ? onAccessLog(line) : logger.info({ haproxy: line }, "haproxy"),
+        // JSON lines are callbacks. Without a hook the lines go straight to standard output.
+        onLog: onAccessLog
+          ? (line) => (line.startsWith("{") ? onAccessLog(line) : logger.info({ haproxy: line }, "haproxy"))
+          : undefined,
         onMessage: (line) => {
           messages.push(line);
           if (messages.length > 50) messages.shift();

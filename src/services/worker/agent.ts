@@ -165,13 +165,14 @@ export function createWorkerAgent(
           if (!err) dispatcher.cancel(m.string());
         },
       });
-      const consumer = await waitForConsumer(nc, { cfg, logger, signal });
+      await waitForConsumer(nc, { cfg, logger, signal });
       state.ready = true;
       state.queue = new QueueConsumer(
         { cfg, logger, busy, handle: (m) => dispatcher.handle(m), lifecycle: state },
-        consumer,
+        nc,
+        access.inboxPrefix,
       );
-      state.queue.pullLoop().catch((err: unknown) => logger.error({ err }, "pull loop stopped"));
+      state.queue.start();
       logger.info(
         {
           functionId: cfg.functionId,
@@ -186,7 +187,7 @@ export function createWorkerAgent(
       state.stopping = true;
       state.ready = false;
       stopController.abort();
-      state.queue?.wake();
+      state.queue?.stop();
       const deadline = Date.now() + graceMs;
       while ((state.active > 0 || (state.acks?.size ?? 0) > 0) && Date.now() < deadline) await sleep(100);
       for (const item of inflight.values()) item.abort.abort();

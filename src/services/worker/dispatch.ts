@@ -2,12 +2,12 @@
 // gRPC session, a StatefulSession), an output folder for it, the in-progress acks that keep it from
 // being redelivered while it runs, and the confirmed ack when it is done (failed or not). Also
 // answers the cancels of the work in progress.
-import type { JsMsg } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { SecureContext } from "node:tls";
 import type { Pool } from "undici";
 import type { Logger } from "../../lib/log.js";
 import type { Counter, Histogram } from "../../lib/metrics.js";
+import type { PulledMessage } from "../../lib/nats/index.js";
 import type { LookupFunction } from "../../lib/net/index.js";
 import type { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
@@ -40,7 +40,7 @@ export interface DispatchDeps {
 export class WorkDispatcher {
   constructor(private readonly deps: DispatchDeps) {}
 
-  async handle(m: JsMsg): Promise<void> {
+  async handle(m: PulledMessage): Promise<void> {
     const { cfg, logger, nc, inflight, freeSlots } = this.deps;
     const started = performance.now();
     // in progress until the ack is confirmed (ackConfirmed stops it): a message whose ack is still
@@ -96,7 +96,7 @@ export class WorkDispatcher {
   }
 
   /** The kind of work: a gRPC session (statefulConfig) or one HTTP request (statelessConfig). */
-  private open(m: JsMsg, slot: OutputSlot | undefined): WorkItem | StatefulSession {
+  private open(m: PulledMessage, slot: OutputSlot | undefined): WorkItem | StatefulSession {
     const { cfg, logger, nc, lookup, secureContext, callbacks, inference } = this.deps;
     const req = WorkItem.decode(m.data);
     return req.statefulConfig

@@ -1,12 +1,13 @@
 // The worker's side of its function version's work queue: wait for the queue to exist, pull work
-// by credit (never more messages than free slots, so a busy worker leaves messages to the others),
-// and acknowledge each message with a confirmation from JetStream.
-import { jetstream, type Consumer, type JsMsg } from "@nats-io/jetstream";
+// by credit (never more messages than free slots, so a busy worker leaves messages to the others;
+// the pulls are lib/nats/credit-pull.ts), and acknowledge each message with a confirmation from
+// JetStream.
+import { jetstream } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "../../lib/log.js";
 import type { Gauge } from "../../lib/metrics.js";
-import { subjects, type Replies } from "../../lib/nats/index.js";
+import { CreditPull, subjects, type PulledMessage, type Replies } from "../../lib/nats/index.js";
 import type { WorkerConfig } from "./config.js";
 
 /**
@@ -24,13 +25,14 @@ const ACK_BODY = new TextEncoder().encode("+ACK");
 export async function waitForConsumer(
   conn: NatsConnection,
   deps: { cfg: WorkerConfig; logger: Logger; signal: AbortSignal },
-): Promise<Consumer> {
+): Promise<void> {
   const { cfg, logger, signal } = deps;
   const stream = subjects.stream(cfg.region, cfg.functionVersionId);
   const name = subjects.consumer(cfg.region, cfg.functionVersionId);
   for (let said = false; ;) {
     try {
-      return await jetstream(conn).consumers.get(stream, name);
+      await jetstream(conn).consumers.get(stream, name);
+      return;
     } catch (err) {
       if (!/not found/i.test(String(err)) || signal.aborted) throw err;
       if (!said)
@@ -64,16 +66,15 @@ export class ConfirmedAcks {
    * redelivered after the ack wait and run a second time. The ack goes on in the background (the
    * slot is free at once); `keepAlive` keeps the message in progress until it is confirmed.
    */
-  ackConfirmed(m: JsMsg, requestId: string | undefined, keepAlive: NodeJS.Timeout): void {
+  ackConfirmed(m: PulledMessage, requestId: string | undefined, keepAlive: NodeJS.Timeout): void {
     const p = this.ackUntilConfirmed(m, requestId).finally(() => clearInterval(keepAlive));
     this.pending.add(p);
     void p.finally(() => this.pending.delete(p));
   }
 
-  private async ackUntilConfirmed(m: JsMsg, requestId: string | undefined): Promise<void> {
+  private async ackUntilConfirmed(m: PulledMessage, requestId: string | undefined): Promise<void> {
     const { nc: conn, logger } = this;
-    // the ack subject ($JS.ACK...): JsMsg's own ackAck() sends once only, so it is asked by hand
-    const subject = (m as JsMsg & { reply: string }).reply;
+    const subject = m.reply;
     const until = Date.now() + ACK_RETRY_MS;
     for (let attempt = 1; ; attempt++) {
       if (conn.isClosed()) return;
@@ -105,75 +106,63 @@ export interface QueueConsumerDeps {
   /** callplane_worker_busy_slots: the requests in progress. */
   busy: Gauge;
   /** Runs one message to its ack; the slot is free again when it settles. */
-  handle: (m: JsMsg) => Promise<void>;
-  /** The agent's lifecycle: the loop ends once `stopping` is set. */
+  handle: (m: PulledMessage) => Promise<void>;
+  /** The agent's lifecycle: no more work is asked for once `stopping` is set. */
   lifecycle: { readonly stopping: boolean };
 }
 
-/** The credit-based pull loop: fetches at most as many messages as there are free slots. */
+const NAK = new TextEncoder().encode("-NAK");
+
+/** Work pulled by credit: as many messages asked for as there are free slots, never more. */
 export class QueueConsumer {
   private busySlots = 0;
-  /** Wakes the loop waiting for a free slot. */
-  private slotFreed: (() => void) | undefined;
-  private currentFetch: { stop(): void } | undefined;
+  private readonly pull: CreditPull;
 
   constructor(
     private readonly deps: QueueConsumerDeps,
-    private readonly consumer: Consumer,
-  ) {}
+    private readonly nc: NatsConnection,
+    inboxPrefix: string,
+  ) {
+    const { cfg, logger } = deps;
+    this.pull = new CreditPull(nc, {
+      stream: subjects.stream(cfg.region, cfg.functionVersionId),
+      consumer: subjects.consumer(cfg.region, cfg.functionVersionId),
+      inboxPrefix,
+      logger,
+      onMessage: (m) => this.take(m),
+    });
+  }
 
   /** The requests in progress. */
   get active(): number {
     return this.busySlots;
   }
 
-  async pullLoop(): Promise<void> {
-    const { cfg, logger, lifecycle } = this.deps;
-    while (!lifecycle.stopping) {
-      const free = cfg.concurrency - this.busySlots;
-      if (free <= 0) {
-        await new Promise<void>((resolve) => (this.slotFreed = resolve));
-        continue;
-      }
-      let batch;
-      try {
-        batch = await this.consumer.fetch({ max_messages: free, expires: 30_000 });
-      } catch (err) {
-        if (lifecycle.stopping) return;
-        logger.warn({ err: (err as Error).message }, "pulling work failed; retrying");
-        await sleep(1000);
-        continue;
-      }
-      this.currentFetch = batch;
-      try {
-        for await (const m of batch) this.take(m);
-      } catch (err) {
-        if (lifecycle.stopping) return;
-        logger.warn({ err: (err as Error).message }, "the pull was interrupted; pulling again");
-        await sleep(500);
-      } finally {
-        this.currentFetch = undefined;
-      }
-    }
+  /** Starts asking for work: every slot free. */
+  start(): void {
+    this.pull.credit(this.deps.cfg.concurrency - this.busySlots);
   }
 
-  /** A graceful stop: ends the fetch in flight and wakes a loop waiting for a free slot. */
-  wake(): void {
-    this.currentFetch?.stop();
-    this.slotFreed?.();
+  /** A graceful stop: no more work is asked for (the work in progress goes on). */
+  stop(): void {
+    this.pull.stop();
   }
 
   /** One message takes a slot until its handling settles. */
-  private take(m: JsMsg): void {
-    const { busy, handle } = this.deps;
+  private take(m: PulledMessage): void {
+    const { cfg, busy, handle, lifecycle, logger } = this.deps;
+    if (this.busySlots >= cfg.concurrency || lifecycle.stopping) {
+      // never expected (credit never exceeds the free slots): given back at once for another worker
+      logger.warn({ busy: this.busySlots }, "a message came with no slot free; giving it back");
+      this.nc.publish(m.reply, NAK);
+      return;
+    }
     this.busySlots++;
     busy.set(this.busySlots);
     void handle(m).finally(() => {
       this.busySlots--;
       busy.set(this.busySlots);
-      const f = this.slotFreed;
-      this.slotFreed = undefined;
-      f?.();
+      if (!lifecycle.stopping) this.pull.credit(cfg.concurrency - this.busySlots);
     });
   }
 }
