@@ -13,6 +13,16 @@ export function holderHex(holder: number): string {
   return holder.toString(16).padStart(8, "0");
 }
 
+const TOKEN_HOLDER_RE = /^([0-9a-f]{8})\./;
+
+/**
+ * The holder an attach or tunnel token names (`<holder hex>.<random>`, plane/tokens.ts), in hex,
+ * or undefined for a token of another form.
+ */
+export function tokenHolderHex(token: string): string | undefined {
+  return TOKEN_HOLDER_RE.exec(token)?.[1];
+}
+
 const pool = Buffer.alloc(16 * 256);
 let poolOffset = pool.length;
 

@@ -3,19 +3,17 @@
 // a dot), so that a callback carrying it that lands on another replica can be relayed to the
 // holder without a lookup table. Taking a token removes it; a token with a time to live is refused
 // once it has expired, and a sweep drops expired tokens nobody came for.
-import { holderHex, newToken } from "../lib/ids.js";
+import { holderHex, newToken, tokenHolderHex } from "../lib/ids.js";
 
 interface Entry<T> {
   value: T;
   expires: number;
 }
 
-const HOLDER_RE = /^([0-9a-f]{8})\./;
-
 /** The holder a token names, or undefined for a token of another form. */
 export function tokenHolder(token: string): number | undefined {
-  const m = HOLDER_RE.exec(token);
-  return m ? Number.parseInt(m[1], 16) : undefined;
+  const hex = tokenHolderHex(token);
+  return hex === undefined ? undefined : Number.parseInt(hex, 16);
 }
 
 export class TokenTable<T> {

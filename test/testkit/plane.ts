@@ -210,6 +210,12 @@ export interface PlaneOptions {
   inferenceHandler?: (req: IncomingMessage, res: ServerResponse) => void;
 }
 
+/**
+ * Worker settings for tests of the callback path itself (the proxy, the relay, attach tokens):
+ * every answer is posted to request-attach, as an NVCF worker does, none goes over NATS.
+ */
+export const POSTED_ANSWERS = { CALLPLANE_ANSWER_OVER_NATS: "false" } as const;
+
 export function workerEnv(
   plane: { nats: Nats; fn: DeployedFunction; inference: { port: number } },
   responseDir: string,

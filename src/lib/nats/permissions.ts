@@ -118,13 +118,26 @@ export const SERVICE_ROLES = {
       subscribe: { allow: [`${INBOX.service("nats-monitor")}.>`] },
     }),
   },
-  /** Invocation replicas: publish work, cancel, poll, purge a cancelled message; own the registry. */
+  /**
+   * Invocation replicas: publish work, cancel, poll, purge a cancelled message; own the registry;
+   * take the workers' small answers (and reply to each once).
+   */
   invocation: {
     account: NATS_ACCOUNTS.app,
     permissions: ({ region }) => {
       const registry = kv(REGISTRY_BUCKET);
       const polls = kv(pollBucket(region));
-      return publisher("invocation", region, [...registry.api, registry.write, ...polls.api, polls.write]);
+      const grant = publisher("invocation", region, [
+        ...registry.api,
+        registry.write,
+        ...polls.api,
+        polls.write,
+      ]);
+      return {
+        ...grant,
+        subscribe: { allow: [...grant.subscribe.allow, subjects.answerFilter] },
+        allowResponses: true,
+      };
     },
   },
   /**
@@ -156,7 +169,8 @@ export type NatsServiceRole = keyof typeof SERVICE_ROLES;
 
 /**
  * A worker with its own identity (token mode): its version's consumer, cancel and poll subjects,
- * and its own inbox. It creates nothing, purges nothing and answers a poll once.
+ * and its own inbox; its small answers to the replicas (callplane.answer.*: a replica takes one
+ * only with the token it minted for it). It creates nothing, purges nothing and answers a poll once.
  */
 export function tokenWorkerPermissions(region: string, fvid: string, instanceId: string): Permissions {
   const stream = subjects.stream(region, fvid);
@@ -167,6 +181,7 @@ export function tokenWorkerPermissions(region: string, fvid: string, instanceId:
         `$JS.API.CONSUMER.INFO.${stream}.${consumer}`,
         `$JS.API.CONSUMER.MSG.NEXT.${stream}.${consumer}`,
         `$JS.ACK.${stream}.${consumer}.>`,
+        subjects.answerFilter,
       ],
     },
     subscribe: {
@@ -188,7 +203,12 @@ export function tokenWorkerPermissions(region: string, fvid: string, instanceId:
 export function nkeyWorkerPermissions(region: string): Permissions {
   return {
     publish: {
-      allow: ["$JS.API.CONSUMER.INFO.*.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.*.>"],
+      allow: [
+        "$JS.API.CONSUMER.INFO.*.*",
+        "$JS.API.CONSUMER.MSG.NEXT.*.*",
+        "$JS.ACK.*.*.>",
+        subjects.answerFilter,
+      ],
       deny: [...Object.values(REGISTRY_BUCKETS), pollBucket(region)].flatMap((b) => [
         `$JS.API.CONSUMER.INFO.KV_${b}.*`,
         `$JS.API.CONSUMER.MSG.NEXT.KV_${b}.*`,

@@ -15,6 +15,10 @@ export const subjects = {
   // callplane: the version is in the subject (as for polls), so a worker may hear only its own
   reconnect: (fvid: string, requestId: string) => `stateful_session.reconnect.${fvid}.${requestId}`,
   reconnectFilter: (fvid: string) => `stateful_session.reconnect.${fvid}.*`,
+  // callplane: a worker's small answer, sent as a request to the invocation replica that minted
+  // its token (the holder, in hex, as the token begins): services/invocation/answer-message.ts
+  answer: (holderHex: string) => `callplane.answer.${holderHex}`,
+  answerFilter: "callplane.answer.*",
 } as const;
 /** The registries of live replicas, one per kind: each kind alone may write its own. */
 export const REGISTRY_BUCKETS = {

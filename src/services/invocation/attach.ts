@@ -2,7 +2,7 @@
 // the request's single-use attach tokens: GET request-attach fetches the rest of the client's body,
 // POST request-attach streams the framed answer, which is relayed to the waiting client. A token
 // minted by another replica is relayed there (plane/relay.ts).
-import type { IncomingMessage, OutgoingHttpHeaders } from "node:http";
+import type { OutgoingHttpHeaders } from "node:http";
 import { CallplaneError } from "../../lib/errors.js";
 import {
   bearerToken,
@@ -181,25 +181,8 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
     throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
   }
   const { head, rest } = framed;
-  if (head.contentLength !== undefined && rest.length > head.contentLength) {
-    // Bytes past the declared length would reach the client's keep-alive connection as the start
-    // of a next response. The head is not out yet, so the client can still get a clean 502.
-    attaches.inc({ kind: "response", result: "bad_framing" });
-    const detail = `the framed body is longer than its Content-Length (${head.contentLength} bytes)`;
-    failClient(replica, p, detail);
-    throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
-  }
   const client = p.clientRes;
-  const headers: OutgoingHttpHeaders = foldPairs(endToEndPairs(head.headers, { drop: OWN_RESPONSE_HEADERS }));
-  headers[NVCF_HEADERS.reqId] = p.requestId;
-  headers[NVCF_HEADERS.status] = nvcfStatus(head.status);
-  headers["access-control-expose-headers"] = NVCF_HEADERS.reqId;
-  await keepPollRecord(replica, p, req, head.status);
-  replica.metrics.firstByte.observe((Date.now() - p.started) / 1000);
-  replica.metrics.invocations.inc({ outcome: "answered" });
-  attaches.inc({ kind: "response", result: "ok" });
-  client.writeHead(head.status, headers);
-  const bodyless = head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";
+  const bodyless = await beginAnswer(replica, p, head, rest, () => req.resume());
   let delivered: Delivery = { ok: true, framingError: undefined };
   if (bodyless) req.resume();
   else delivered = await relayBody(ctx, p, head, rest);
@@ -217,14 +200,55 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
     }
     return;
   }
-  client.end();
+  await endAnswer(replica, p);
+  res.writeHead(200, { "content-type": "application/json", "content-length": 2 });
+  res.end("{}");
+}
+
+/**
+ * The framed answer's head goes to the client (whichever way the answer came: POST request-attach
+ * or a NATS answer, answer-message.ts), once the body bytes that came with it fit its length and
+ * the poll record is kept. Whether the answer has no body (204, 304, a HEAD request).
+ * `discard` drops the rest of the worker's body when the answer cannot go out.
+ */
+export async function beginAnswer(
+  replica: ReplicaState,
+  p: Pending,
+  head: ParsedHead,
+  rest: Buffer,
+  discard: () => void,
+): Promise<boolean> {
+  const { attaches } = replica.metrics;
+  if (head.contentLength !== undefined && rest.length > head.contentLength) {
+    // Bytes past the declared length would reach the client's keep-alive connection as the start
+    // of a next response. The head is not out yet, so the client can still get a clean 502.
+    attaches.inc({ kind: "response", result: "bad_framing" });
+    const detail = `the framed body is longer than its Content-Length (${head.contentLength} bytes)`;
+    failClient(replica, p, detail);
+    throw new CallplaneError("ATTACH_FRAMING_INVALID", detail);
+  }
+  const headers: OutgoingHttpHeaders = foldPairs(endToEndPairs(head.headers, { drop: OWN_RESPONSE_HEADERS }));
+  headers[NVCF_HEADERS.reqId] = p.requestId;
+  headers[NVCF_HEADERS.status] = nvcfStatus(head.status);
+  headers["access-control-expose-headers"] = NVCF_HEADERS.reqId;
+  await keepPollRecord(replica, p, discard, head.status);
+  replica.metrics.firstByte.observe((Date.now() - p.started) / 1000);
+  replica.metrics.invocations.inc({ outcome: "answered" });
+  attaches.inc({ kind: "response", result: "ok" });
+  p.clientRes.writeHead(head.status, headers);
+  return head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";
+}
+
+/** Ends the client's answer (with `last` bytes) and lets the request go once the client has it all. */
+export async function endAnswer(replica: ReplicaState, p: Pending, last?: Buffer): Promise<void> {
+  const client = p.clientRes;
+  if (last?.length) client.end(last);
+  else client.end();
   await new Promise<void>((resolve) => {
     if (client.writableFinished) resolve();
     else client.once("close", () => resolve());
   });
   replica.release(p);
-  res.writeHead(200, { "content-type": "application/json", "content-length": 2 });
-  res.end("{}");
 }
 
 /**
@@ -234,7 +258,7 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
 async function keepPollRecord(
   replica: ReplicaState,
   p: Pending,
-  req: IncomingMessage,
+  discard: () => void,
   status: number,
 ): Promise<void> {
   if (status === 202) {
@@ -248,7 +272,7 @@ async function keepPollRecord(
         { requestId: p.requestId, err },
         "could not record the in-progress request for polling",
       );
-      req.resume();
+      discard();
       sendProblem(
         p.clientRes,
         new CallplaneError(
@@ -318,7 +342,7 @@ async function relayBody(ctx: RequestContext, p: Pending, head: ParsedHead, rest
 }
 
 /** The worker produced no valid answer: the client gets a 502 rather than waiting for the window. */
-function failClient(replica: ReplicaState, p: Pending, why: string): void {
+export function failClient(replica: ReplicaState, p: Pending, why: string): void {
   if (p.state === "done") return;
   sendProblem(
     p.clientRes,

@@ -14,6 +14,7 @@ import { Relay } from "../../plane/relay.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
 import { WorkerTlsListener, callbackHostName, createClientListener, podAddress } from "./listeners.js";
 import type { InvocationServiceOptions } from "./options.js";
+import { listenForAnswers } from "./answer-message.js";
 import { ReplicaState } from "./state.js";
 
 export type { InvocationServiceOptions } from "./options.js";
@@ -60,6 +61,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         askApiForQueue(opts.apiUrl, opts.serviceToken),
         new Replies(nc, opts.nats.inboxPrefix),
       );
+      replica.answers = listenForAnswers(replica, nc);
       const url = await http.listen();
       const tlsUrl = await workerTls?.listen();
       replica.targetUri = podAddress(opts, url, tlsUrl);

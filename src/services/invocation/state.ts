@@ -6,7 +6,7 @@
 // the two single-use attach tokens, the window timer. The request id names this replica (ids.ts),
 // so later a callback that lands elsewhere can be relayed here.
 import { Kvm, type KV } from "@nats-io/kv";
-import type { NatsConnection } from "@nats-io/transport-node";
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { newHolderId } from "../../lib/ids.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
@@ -125,6 +125,8 @@ export class ReplicaState {
 
   // Set by the service's listen():
   nc: NatsConnection | undefined;
+  /** The workers' small answers over NATS (answer-message.ts). */
+  answers: Subscription | undefined;
   publisher: WorkPublisher | undefined;
   /** The callback target handed to workers (the pod address). */
   targetUri = "";

@@ -23,6 +23,7 @@ import {
 } from "../../lib/nats/index.js";
 import { formatHostPort, podAwareLookup } from "../../lib/net/index.js";
 import { CallbackClient } from "./callback.js";
+import { NatsAnswers } from "./nats-answer.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkDispatcher, type InflightWork } from "./dispatch.js";
 import { waitForInference } from "./inference-health.js";
@@ -145,12 +146,14 @@ export function createWorkerAgent(
         logger,
       );
       state.nc = nc;
-      const acks = (state.acks = new ConfirmedAcks(nc, logger, new Replies(nc, access.inboxPrefix)));
+      const replies = new Replies(nc, access.inboxPrefix);
+      const acks = (state.acks = new ConfirmedAcks(nc, logger, replies));
       const dispatcher = new WorkDispatcher({
         cfg,
         logger,
         nc,
         callbacks,
+        answers: cfg.answerOverNats ? new NatsAnswers(replies) : undefined,
         inference,
         lookup,
         secureContext,

@@ -73,6 +73,11 @@ const envSchema = z.object({
   /** callplane: static name map, `name=address,...` (like curl --resolve), for names no DNS serves. */
   CALLPLANE_WORKER_HOST_MAP: hostMap,
   CALLPLANE_KEEPALIVE_SECONDS: z.coerce.number().positive().default(10),
+  /** callplane: small answers to callplane's replicas over NATS instead of POST request-attach. */
+  CALLPLANE_ANSWER_OVER_NATS: z
+    .enum(["true", "false"])
+    .default("true")
+    .transform((v) => v === "true"),
   // callplane: an inference answer whose body stops for this long is cut (0: never)
   CALLPLANE_INFERENCE_IDLE_SECONDS: z.coerce.number().min(0).default(300),
   CALLPLANE_ACK_WAIT_SECONDS: z.coerce.number().positive().default(30),
@@ -116,6 +121,8 @@ export interface WorkerConfig {
   serviceDomain: string;
   hostMap: Map<string, string>;
   keepAliveMs: number;
+  /** Small answers go over NATS where the replica takes them (nats-answer.ts). */
+  answerOverNats: boolean;
   /** How long an inference answer's body may stop before the worker cuts it (0: never). */
   inferenceIdleMs: number;
   ackWaitSeconds: number;
@@ -209,6 +216,7 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     serviceDomain: e.NVCF_SERVICE_DOMAIN.toLowerCase(),
     hostMap: e.CALLPLANE_WORKER_HOST_MAP,
     keepAliveMs: e.CALLPLANE_KEEPALIVE_SECONDS * 1000,
+    answerOverNats: e.CALLPLANE_ANSWER_OVER_NATS,
     inferenceIdleMs: e.CALLPLANE_INFERENCE_IDLE_SECONDS * 1000,
     ackWaitSeconds: e.CALLPLANE_ACK_WAIT_SECONDS,
     sessionReconnectWaitMs: e.CALLPLANE_SESSION_RECONNECT_WAIT_SECONDS * 1000,

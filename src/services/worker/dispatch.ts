@@ -10,6 +10,7 @@ import type { Counter, Histogram } from "../../lib/metrics.js";
 import type { PulledMessage } from "../../lib/nats/index.js";
 import type { LookupFunction } from "../../lib/net/index.js";
 import type { CallbackClient } from "./callback.js";
+import type { NatsAnswers } from "./nats-answer.js";
 import type { WorkerConfig } from "./config.js";
 import type { OutputSlot } from "./output-slot.js";
 import type { ConfirmedAcks } from "./queue-consumer.js";
@@ -23,6 +24,8 @@ export interface DispatchDeps {
   logger: Logger;
   nc: NatsConnection;
   callbacks: CallbackClient;
+  /** Small answers over NATS (nats-answer.ts). */
+  answers: NatsAnswers | undefined;
   inference: Pool;
   lookup: LookupFunction;
   secureContext: SecureContext | undefined;
@@ -97,10 +100,10 @@ export class WorkDispatcher {
 
   /** The kind of work: a gRPC session (statefulConfig) or one HTTP request (statelessConfig). */
   private open(m: PulledMessage, slot: OutputSlot | undefined): WorkItem | StatefulSession {
-    const { cfg, logger, nc, lookup, secureContext, callbacks, inference } = this.deps;
+    const { cfg, logger, nc, lookup, secureContext, callbacks, answers, inference } = this.deps;
     const req = WorkItem.decode(m.data);
     return req.statefulConfig
       ? new StatefulSession({ cfg, logger, nc, lookup, secureContext }, req)
-      : new WorkItem({ cfg, logger, callbacks, inference, nc }, req, slot);
+      : new WorkItem({ cfg, logger, callbacks, answers, inference, nc }, req, slot);
   }
 }

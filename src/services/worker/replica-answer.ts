@@ -10,6 +10,7 @@ import type { Logger } from "../../lib/log.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkerError } from "./inference-call.js";
+import type { NatsAnswers, ReplicaReply } from "./nats-answer.js";
 
 const ERROR_BODY_LIMIT = 64 * 1024;
 const SMALL_BODY = 64 * 1024;
@@ -43,7 +44,13 @@ export function workerProblem(
 
 export class ReplicaAnswer {
   constructor(
-    private readonly deps: { cfg: WorkerConfig; logger: Logger; callbacks: CallbackClient },
+    private readonly deps: {
+      cfg: WorkerConfig;
+      logger: Logger;
+      callbacks: CallbackClient;
+      /** Answers over NATS, where the replica takes them (else every answer is posted). */
+      answers?: NatsAnswers | undefined;
+    },
     private readonly requestId: string,
     /** The work item's abort signal: a cancel cuts a post on purpose. */
     private readonly signal: AbortSignal,
@@ -123,23 +130,16 @@ export class ReplicaAnswer {
     onFail?: () => void,
   ): Promise<void> {
     try {
-      let res;
-      try {
-        res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
-      } catch (err) {
-        // A kept-alive connection that its server (a draining proxy or replica) closed just as
-        // this answer went out on it: the answer was never read. One in memory is sent again, on a
-        // new connection; its single-use token makes a second delivery impossible.
-        if (!(body instanceof Buffer) || this.signal.aborted || !closedUnanswered(err)) throw err;
-        res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
-      }
-      const text = await res.body.text();
-      if (res.statusCode !== 200) {
+      // an answer held whole goes over NATS where the replica takes it (nats-answer.ts)
+      const reply =
+        (body instanceof Buffer && (await this.deps.answers?.send(target, body))) ||
+        (await this.postOverHttp(target, body, length));
+      if (reply.status !== 200) {
         this.deps.logger.warn(
           {
             requestId: this.requestId,
-            status: res.statusCode,
-            answer: text.slice(0, 300),
+            status: reply.status,
+            answer: reply.text.slice(0, 300),
             target: target.targetUri,
           },
           "the replica did not take the response",
@@ -154,6 +154,25 @@ export class ReplicaAnswer {
         "posting the response to the replica failed",
       );
     }
+  }
+
+  /** POST request-attach (through the callback proxy when there is one). */
+  private async postOverHttp(
+    target: CallbackTarget,
+    body: Readable | Buffer,
+    length: number | undefined,
+  ): Promise<ReplicaReply> {
+    let res;
+    try {
+      res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
+    } catch (err) {
+      // A kept-alive connection that its server (a draining proxy or replica) closed just as
+      // this answer went out on it: the answer was never read. One in memory is sent again, on a
+      // new connection; its single-use token makes a second delivery impossible.
+      if (!(body instanceof Buffer) || this.signal.aborted || !closedUnanswered(err)) throw err;
+      res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
+    }
+    return { status: res.statusCode, text: await res.body.text() };
   }
 }
 

@@ -17,6 +17,7 @@ import { subjects } from "../../lib/nats/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { callInference, type WorkRequest } from "./inference-call.js";
+import type { NatsAnswers } from "./nats-answer.js";
 import type { OutputSlot } from "./output-slot.js";
 import { ProgressReport } from "./progress.js";
 import { decodeWorkMessage } from "./work-decode.js";
@@ -31,6 +32,8 @@ export interface WorkDeps {
   callbacks: CallbackClient;
   inference: Pool;
   nc: NatsConnection;
+  /** Small answers over NATS (nats-answer.ts); without it every answer is posted. */
+  answers?: NatsAnswers | undefined;
 }
 
 export type WorkOutcome = AnswerOutcome | "abandoned";

@@ -15,7 +15,14 @@ import { createRegistry, type Registry } from "../../../src/lib/metrics.js";
 import { TLS_FILES, type TlsMaterial, TlsReloader } from "../../../src/lib/tls/index.js";
 import { bearer, waitFor } from "../../testkit/client.js";
 import { tmpDir } from "../../testkit/index.js";
-import { metricValue, readLog, startPlane, type Plane, type PlaneProxy } from "../../testkit/plane.js";
+import {
+  metricValue,
+  POSTED_ANSWERS,
+  readLog,
+  startPlane,
+  type Plane,
+  type PlaneProxy,
+} from "../../testkit/plane.js";
 import { testPki, type TestPki } from "../../testkit/tls.js";
 
 /** No test waits forever: a hang fails its test with a clear timeout instead of stalling the file. */
@@ -298,7 +305,13 @@ function waitForApplied(registry: Registry, material: string, count: number): Pr
 }
 
 test("frontend and pod certificates rotate under load without one failed callback", LIMIT, async (t) => {
-  const plane = await startPlane(t, { replicas: 2, replicaHosts: HOSTS, proxy: true, workers: 2 });
+  const plane = await startPlane(t, {
+    replicas: 2,
+    replicaHosts: HOSTS,
+    proxy: true,
+    workers: 2,
+    workerEnv: POSTED_ANSWERS,
+  });
   const proxy = plane.proxy!;
   const traffic = load(t, plane, 20);
   await sleep(1000);
@@ -350,7 +363,13 @@ test(
     todo: "HAProxy 2.6 does not apply a committed CA bundle to its server lines (see the comment)",
   },
   async (t) => {
-    const plane = await startPlane(t, { replicas: 2, replicaHosts: HOSTS, proxy: true, workers: 2 });
+    const plane = await startPlane(t, {
+      replicas: 2,
+      replicaHosts: HOSTS,
+      proxy: true,
+      workers: 2,
+      workerEnv: POSTED_ANSWERS,
+    });
     const proxy = plane.proxy!;
     const oldCa = proxy.pki.ca.certPem;
     const next = await testPki();

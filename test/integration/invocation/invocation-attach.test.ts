@@ -7,6 +7,8 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { test, type TestContext } from "node:test";
 import { WorkerInvokeFunctionRequestSchema } from "../../../src/gen/nvcf/worker_pb.js";
+import { holderHex } from "../../../src/lib/ids.js";
+import { subjects } from "../../../src/lib/nats/index.js";
 import { REQUEST_ID, bearer, problemOf, waitFor } from "../../testkit/client.js";
 import { startPlane, type Plane } from "../../testkit/plane.js";
 
@@ -253,3 +255,50 @@ test("a body of exactly 32 KiB travels inline whole and needs no request token",
   assert.equal(answered.status, 200, await answered.text());
   assert.equal((await client).res.status, 204);
 });
+
+test(
+  "an answer over NATS reaches the client once; a used token and a broken framing get the POST's problems",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t, { workers: 0 });
+    const worker = await fakeWorker(plane, t);
+    const nc = await plane.nats.observe("answers");
+    const subject = subjects.answer(holderHex(plane.replicas[0].service.holderId));
+    const answer = async (token: string, framed: string) => {
+      const m = await nc.request(subject, `${token}\n${framed}`, { timeout: 5000 });
+      return m.string();
+    };
+
+    const client = invoke(plane, '{"a":1}');
+    const work = await worker.next();
+    const framed =
+      "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nX-Answer: nats\r\nContent-Length: 5\r\n\r\nhello";
+    assert.equal(
+      await answer(work.responseToken, framed),
+      "{}",
+      "the replica replies once the client has it",
+    );
+    const { res, text } = await client;
+    assert.equal(res.status, 201);
+    assert.equal(text, "hello");
+    assert.equal(res.headers.get("x-answer"), "nats");
+    assert.equal(res.headers.get("nvcf-reqid"), work.msg.requestId);
+    // single-use, whichever way it came
+    const again = JSON.parse(await answer(work.responseToken, framed)) as { status: number; code: string };
+    assert.deepEqual([again.status, again.code], [401, "ATTACH_TOKEN_INVALID"]);
+    const posted = await postAnswer(plane, work.responseToken, framed);
+    assert.equal((await problemOf(posted, 401)).code, "ATTACH_TOKEN_INVALID");
+
+    // a body shorter than its Content-Length: the client gets a 502 at once, the worker a 400
+    const second = invoke(plane, '{"a":2}');
+    const work2 = await worker.next();
+    const short = JSON.parse(
+      await answer(work2.responseToken, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"),
+    ) as { status: number; code: string; detail: string };
+    assert.deepEqual([short.status, short.code], [400, "ATTACH_FRAMING_INVALID"]);
+    assert.match(short.detail, /ended after 3 of its 10 bytes/);
+    const failed = await second;
+    assert.equal(failed.res.status, 502);
+    assert.equal((JSON.parse(failed.text) as { code: string }).code, "WORKER_RESPONSE_INVALID");
+  },
+);

@@ -3,6 +3,7 @@
 // callback proxy. Replicas listen on their own loopback addresses (127.0.50.x), as pods have their
 // own IPs; a "shared callback address" is every replica handing workers replica 1's URL, as a load
 // balancer in front of them would.
+import { setTimeout as sleep } from "node:timers/promises";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
 import { get as httpsGet } from "node:https";
@@ -10,7 +11,7 @@ import { test } from "node:test";
 import { holderHex, newToken } from "../../../src/lib/ids.js";
 import { dashIp } from "../../../src/lib/net/index.js";
 import { bearer, problemOf, waitFor } from "../../testkit/client.js";
-import { freePort, metricValue, startPlane, type Plane } from "../../testkit/plane.js";
+import { freePort, metricValue, POSTED_ANSWERS, startPlane, type Plane } from "../../testkit/plane.js";
 
 /** No test waits forever: a hang fails its test with a clear timeout instead of stalling the file. */
 const LIMIT = { timeout: 60_000 };
@@ -31,6 +32,7 @@ async function sharedAddressPlane(
     replica: (i) => (i === 0 ? { listen: { host: HOSTS[0], port } } : {}),
     selfAddress: shared,
     relay: { enabled: true },
+    workerEnv: POSTED_ANSWERS,
     ...opts,
   });
   return { plane, shared };
@@ -268,6 +270,7 @@ test(
       proxy: true,
       relay: { enabled: true },
       inferenceUrl: "/slow",
+      workerEnv: POSTED_ANSWERS,
     });
     const podName = (r: number) => `${HOSTS[r].replaceAll(".", "-")}.invocation.nvcf.svc.cluster.local`;
     for (const [r, replica] of plane.replicas.entries()) {
@@ -326,6 +329,7 @@ test("200 invocations spread over two replicas all come back right through the p
     replicaHosts: HOSTS.slice(0, 2),
     proxy: true,
     workers: 2,
+    workerEnv: POSTED_ANSWERS,
   });
   let next = 0;
   const failures: string[] = [];
@@ -367,7 +371,11 @@ test(
     ...LIMIT,
   },
   async (t) => {
-    const plane = await startPlane(t, { replicaHosts: HOSTS.slice(0, 1), proxy: true });
+    const plane = await startPlane(t, {
+      replicaHosts: HOSTS.slice(0, 1),
+      proxy: true,
+      workerEnv: POSTED_ANSWERS,
+    });
     // 100 KiB: fetched with GET request-attach, answered with a POST whose body streams in chunks
     const body = randomBytes(100 * 1024);
     const { res, body: got } = await invoke(plane.invokeUrl(0), plane.fn.apiKey, body);
@@ -430,5 +438,44 @@ test(
     await closing;
     assert.equal(answer.status, 200, answer.text);
     assert.deepEqual(JSON.parse(answer.text), { done: true, seconds: 1 });
+  },
+);
+
+test(
+  "callplane's workers answer small requests over NATS and post large answers through the proxy",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t, { replicaHosts: HOSTS.slice(0, 1), proxy: true });
+    const small = Buffer.from(JSON.stringify({ small: true }));
+    for (let n = 0; n < 5; n++) {
+      const { res, body } = await invoke(plane.invokeUrl(0), plane.fn.apiKey, small);
+      assert.equal(res.status, 200);
+      assert.ok(body.equals(small));
+    }
+    // 100 KiB echoed: larger than an answer over NATS may be, so it is posted (and its request
+    // body fetched with GET request-attach), both through the proxy
+    const large = randomBytes(100 * 1024);
+    const { res, body } = await invoke(plane.invokeUrl(0), plane.fn.apiKey, large);
+    assert.equal(res.status, 200);
+    assert.ok(body.equals(large));
+    const lines = await waitFor(
+      "an access-log line for the GET and the POST",
+      () => {
+        const l = plane.proxy!.accessLog();
+        return l.length >= 2 ? l : undefined;
+      },
+      { timeoutMs: 3000 },
+    );
+    await sleep(300);
+    assert.deepEqual(
+      plane
+        .proxy!.accessLog()
+        .map((l) => l.method)
+        .sort(),
+      ["GET", "POST"],
+      "the five small answers did not go through the proxy",
+    );
+    assert.equal(lines.length, 2);
+    assert.equal(await attachCount(plane, 0, { kind: "response", result: "ok" }), 6);
   },
 );
