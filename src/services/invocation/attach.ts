@@ -195,8 +195,7 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
   headers[NVCF_HEADERS.status] = nvcfStatus(head.status);
   headers["access-control-expose-headers"] = NVCF_HEADERS.reqId;
   await keepPollRecord(replica, p, req, head.status);
-  replica.metrics.firstByte.observe((Date.now() - p.started) / 1000);
-  replica.metrics.invocations.inc({ outcome: "answered" });
+  replica.metrics.answered(p);
   attaches.inc({ kind: "response", result: "ok" });
   client.writeHead(head.status, headers);
   const bodyless = head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";
@@ -205,6 +204,7 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
   else delivered = await relayBody(ctx, p, head, rest);
   const { ok, framingError } = delivered;
   if (!ok || client.destroyed) {
+    replica.metrics.mark(p, client.destroyed ? "client_gone" : "failed");
     client.destroy();
     replica.release(p);
     if (!res.headersSent) {

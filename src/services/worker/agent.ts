@@ -12,7 +12,7 @@ import { createSecureContext, rootCertificates } from "node:tls";
 import { Pool } from "undici";
 import { Router, createHttpService, sendJson } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
-import { createRegistry, type Registry } from "../../lib/metrics.js";
+import type { Registry } from "../../lib/metrics.js";
 import {
   INBOX,
   Replies,
@@ -26,7 +26,7 @@ import { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkDispatcher, type InflightWork } from "./dispatch.js";
 import { waitForInference } from "./inference-health.js";
-import { workerMetrics } from "./metrics.js";
+import { workerMetrics, workerRegistry } from "./metrics.js";
 import { OutputSlot } from "./output-slot.js";
 import { ConfirmedAcks, QueueConsumer, waitForConsumer } from "./queue-consumer.js";
 
@@ -90,8 +90,8 @@ export function createWorkerAgent(
   opts: { logger?: Logger; registry?: Registry } = {},
 ): WorkerAgent {
   const logger = opts.logger ?? silentLogger();
-  const registry = opts.registry ?? createRegistry("worker");
-  const { items, busy, duration } = workerMetrics(registry);
+  const registry = opts.registry ?? workerRegistry(cfg);
+  const { items, busy, duration } = workerMetrics(registry, cfg.concurrency);
   const inference = new Pool(
     `http://${formatHostPort({ host: cfg.inference.host, port: cfg.inference.port })}`,
     {
@@ -143,6 +143,7 @@ export function createWorkerAgent(
         access,
         `worker_${cfg.functionVersionId}_${cfg.instanceId || process.pid}`,
         logger,
+        registry,
       );
       state.nc = nc;
       const acks = (state.acks = new ConfirmedAcks(nc, logger, new Replies(nc, access.inboxPrefix)));
