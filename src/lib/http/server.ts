@@ -140,7 +140,9 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     inFlight++;
     res.once("close", () => {
       inFlight--;
-      metrics.record(routeLabel, method, res.statusCode, Number(process.hrtime.bigint() - started) / 1e9);
+      // status 0: no answer went out (the client left first)
+      const status = res.headersSent ? res.statusCode : 0;
+      metrics.record(routeLabel, method, status, Number(process.hrtime.bigint() - started) / 1e9);
       if (inFlight === 0 && idleWaiters.length) {
         const w = idleWaiters;
         idleWaiters = [];
