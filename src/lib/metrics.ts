@@ -1,6 +1,7 @@
 import { Registry, collectDefaultMetrics, Counter, Histogram, Gauge } from "prom-client";
 
 export { Counter, Histogram, Gauge, Registry };
+export type { LabelValues } from "prom-client";
 
 /** Each service instance has its own registry, so several can live in one test process. */
 export function createRegistry(service: string, opts: { defaultMetrics?: boolean } = {}): Registry {

@@ -102,6 +102,12 @@ test("local stack", async (t) => {
         assert.equal(r.status, 200, r.text);
         assert.deepEqual(r.body, payload);
         assert.ok(r.headers.get("nvcf-reqid"));
+        // each replica's /metrics has the invocation in the demo function's series (the issue 23 smoke check)
+        const metrics = await (await fetch(`${url}/metrics`)).text();
+        assert.match(
+          metrics,
+          new RegExp(`^callplane_invocations_total\\{[^}]*function_id="${info.demo.httpFunctionId}"`, "m"),
+        );
       }
       // the demo's workers called back through the callback proxy, to the replica holding each request
       assert.equal(info.proxy, `https://127.0.40.1:${cfg.ports.proxy}`);

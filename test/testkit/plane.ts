@@ -170,6 +170,8 @@ export interface PlaneProxy {
   caFile: string;
   /** The port of every replica's worker TLS listener. */
   podPort: number;
+  /** HAProxy's Prometheus exporter (GET /metrics), on the proxy's admin listener. */
+  metricsUrl: string;
   /** The proxy's access-log lines (one per callback). */
   accessLog(): Array<Record<string, unknown>>;
   /** Callbacks the proxy has logged, all or those of one outcome (forwarded, refused_path, ...). */
@@ -415,9 +417,10 @@ async function startPlaneProxy(
   );
   const podCa = new TlsReloader("pod-ca", { caFile }, (m) => proxy.setPodCa(m.ca!), logger, registry);
   const port = await freePort(host);
+  const metricsPort = await freePort(host);
   const proxy: CallbackProxy = await createCallbackProxy({
     listen: { host, port },
-    metricsListen: { host, port: await freePort(host) },
+    metricsListen: { host, port: metricsPort },
     serviceDomain: "nvcf.svc.cluster.local",
     workerDomain: "worker.callplane.test",
     podNetworks: replicaHosts.map((h) => `${h}/32`),
@@ -458,6 +461,7 @@ async function startPlaneProxy(
       frontendDir,
       caFile,
       podPort,
+      metricsUrl: `http://${host}:${metricsPort}/metrics`,
       accessLog: () => readLog(accessLogFile).filter((l) => l.msg === "callback"),
       callbacks: (outcome) =>
         readLog(accessLogFile).filter((l) => l.msg === "callback" && (!outcome || l.outcome === outcome))

@@ -22,6 +22,7 @@ import { renderInvocation } from "./invocation.js";
 import { renderConfigMaps, renderNamespaces } from "./namespaces.js";
 import { renderNats } from "./nats.js";
 import { renderNetworkPolicies } from "./network-policies.js";
+import { renderObservability } from "./observability.js";
 import { RenderError, type RenderInput, type RenderResult, type RenderedFile } from "./types.js";
 
 export { RenderError } from "./types.js";
@@ -53,6 +54,7 @@ function renderFiles(k: RenderContext): RenderResult {
   if (k.kubeBackend) files.push({ name: "41-admission-webhook.yaml", objects: renderAdmissionWebhook(k) });
   if (c.ingress.gatewayApi.enabled) files.push({ name: "50-gateway.yaml", objects: renderGateway(k) });
   files.push({ name: "60-network-policies.yaml", objects: renderNetworkPolicies(k) });
+  files.push({ name: "70-observability.yaml", objects: renderObservability(k) });
   return {
     namespace: k.ns,
     workerNamespace: k.workerNs,

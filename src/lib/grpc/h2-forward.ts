@@ -130,6 +130,8 @@ export interface StreamResult {
   /** ok: answered in full; reset: one side reset the stream; failed: the next hop failed first. */
   outcome: "ok" | "reset" | "failed";
   grpcStatus: string | undefined;
+  /** When the next hop's response head came (performance.now()); undefined if it never did. */
+  firstByteAt: number | undefined;
 }
 
 export interface ForwardStreamOptions {
@@ -155,7 +157,7 @@ export function forwardStream(
   opts: ForwardStreamOptions,
 ): Promise<StreamResult> {
   return new Promise((resolve) => {
-    const result: StreamResult = { outcome: "ok", grpcStatus: undefined };
+    const result: StreamResult = { outcome: "ok", grpcStatus: undefined, firstByteAt: undefined };
     let up;
     try {
       up = session.request(upHeaders, { endStream: downEnded });
@@ -177,6 +179,7 @@ export function forwardStream(
     if (!downEnded) relay(down, up);
     up.on("response", (headers, flags) => {
       responded = true;
+      result.firstByteAt = performance.now();
       const out = responseHeaders(headers, opts.responseHeaders ?? {});
       if (flags & h2.NGHTTP2_FLAG_END_STREAM) {
         // trailers-only (a gRPC error without a body): one HEADERS frame, as it came

@@ -6,11 +6,12 @@ import { createServer as createTlsServer, type ServerOptions as HttpsServerOptio
 import type { Socket } from "node:net";
 import { CallplaneError } from "../errors.js";
 import type { Logger } from "../log.js";
-import { Counter, Histogram, LATENCY_BUCKETS, type Registry } from "../metrics.js";
+import type { Registry } from "../metrics.js";
 import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "../net/index.js";
 import { HANDSHAKE_OPTIONS, limitHandshake } from "../tls/index.js";
 import { requireHostServed, type HostNames } from "./hosts.js";
 import type { Router } from "./router.js";
+import { HttpServerMetrics } from "./server-metrics.js";
 import { rawProblem, sendJson, sendProblem, writeProblem } from "./problem.js";
 
 export interface HttpServiceOptions {
@@ -120,19 +121,7 @@ export interface HttpService {
 
 export function createHttpService(opts: HttpServiceOptions): HttpService {
   const { logger, router, registry } = opts;
-  const requests = new Counter({
-    name: "callplane_http_requests_total",
-    help: "HTTP requests answered, by route and status",
-    labelNames: ["route", "method", "status"],
-    registers: [registry],
-  });
-  const duration = new Histogram({
-    name: "callplane_http_request_duration_seconds",
-    help: "Time to answer an HTTP request (until the response ended)",
-    labelNames: ["route"],
-    buckets: LATENCY_BUCKETS,
-    registers: [registry],
-  });
+  const metrics = new HttpServerMetrics(registry);
   let draining = false;
   // after the drain delay: new requests are refused
   let refusing = false;
@@ -151,8 +140,9 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     inFlight++;
     res.once("close", () => {
       inFlight--;
-      requests.inc({ route: routeLabel, method, status: res.statusCode });
-      duration.observe({ route: routeLabel }, Number(process.hrtime.bigint() - started) / 1e9);
+      // status 0: no answer went out (the client left first)
+      const status = res.headersSent ? res.statusCode : 0;
+      metrics.record(routeLabel, method, status, Number(process.hrtime.bigint() - started) / 1e9);
       if (inFlight === 0 && idleWaiters.length) {
         const w = idleWaiters;
         idleWaiters = [];

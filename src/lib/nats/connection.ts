@@ -1,6 +1,7 @@
 // The one way callplane connects to NATS, and the one way it lets go of a connection.
 import { connect, nkeyAuthenticator, tokenAuthenticator, type NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "../log.js";
+import { Gauge, type Registry } from "../metrics.js";
 import type { NatsAccess } from "./access.js";
 import { natsServers } from "./cluster.js";
 
@@ -9,7 +10,36 @@ import { natsServers } from "./cluster.js";
  * credentials, and its own inbox prefix (its grant covers that prefix, never `_INBOX.>`). `url` may
  * name several servers, separated by commas: every node of a cluster.
  */
-export async function connectNats(access: NatsAccess, name: string, logger: Logger): Promise<NatsConnection> {
+/** Connections between a disconnect and the reconnect that ends it (the client keeps trying). */
+const disconnected = new WeakSet<NatsConnection>();
+
+/** Whether a connection is up now: open, and not between a disconnect and its reconnect. */
+export function natsConnected(nc: NatsConnection | undefined): boolean {
+  return nc !== undefined && !nc.isClosed() && !disconnected.has(nc);
+}
+
+/**
+ * callplane_nats_connected on `registry`: 1 while the service's connection is up. The first
+ * connection a registry is given is the one it reports (a service's own, to the APP account).
+ */
+function reportConnection(registry: Registry, nc: NatsConnection): void {
+  if (registry.getSingleMetric("callplane_nats_connected")) return;
+  new Gauge({
+    name: "callplane_nats_connected",
+    help: "1 while this service's NATS connection is up (0 while it reconnects or after it closed)",
+    registers: [registry],
+    collect() {
+      this.set(natsConnected(nc) ? 1 : 0);
+    },
+  });
+}
+
+export async function connectNats(
+  access: NatsAccess,
+  name: string,
+  logger: Logger,
+  registry?: Registry,
+): Promise<NatsConnection> {
   const enc = new TextEncoder();
   const auth = access.auth;
   // noAsyncTraces: the client would otherwise build an Error (a stack capture) for every request,
@@ -28,8 +58,11 @@ export async function connectNats(access: NatsAccess, name: string, logger: Logg
     reconnectTimeWait: 500,
     pingInterval: 10_000,
   });
+  if (registry) reportConnection(registry, nc);
   void (async () => {
     for await (const s of nc.status()) {
+      if (s.type === "disconnect") disconnected.add(nc);
+      else if (s.type === "reconnect") disconnected.delete(nc);
       if (s.type === "disconnect" || s.type === "reconnect" || s.type === "error")
         logger.warn(
           {

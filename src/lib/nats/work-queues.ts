@@ -55,6 +55,24 @@ export class WorkQueues {
     return p;
   }
 
+  /**
+   * A version's queue as its consumer sees it: messages no worker has taken yet (pending) and
+   * those taken but not acknowledged (ackPending); undefined when the queue does not exist (yet).
+   */
+  async backlog(fvid: string): Promise<{ pending: number; ackPending: number } | undefined> {
+    const jsm = await this.manager();
+    try {
+      const info = await jsm.consumers.info(
+        subjects.stream(this.region, fvid),
+        subjects.consumer(this.region, fvid),
+      );
+      return { pending: info.num_pending, ackPending: info.num_ack_pending };
+    } catch (err) {
+      if (/(consumer|stream) not found/i.test(String(err))) return undefined;
+      throw err;
+    }
+  }
+
   /** Forget what was ensured (after the stream was found missing), so the next ensure recreates it. */
   forget(fvid: string): void {
     this.ensured.delete(fvid);

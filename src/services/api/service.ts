@@ -23,6 +23,7 @@ import { addSecretRoutes } from "./routes/secrets.js";
 import { addWorkerTrustRoutes } from "./routes/worker-trust.js";
 import { addClusterRoutes } from "./routes/clusters.js";
 import type { ComputeSettings } from "./instance-types.js";
+import { PlaneMetrics } from "./plane-metrics.js";
 import type { SecretStore } from "./secrets/store.js";
 import type { Store } from "./store/types.js";
 import { WorkerTrust, type WorkerTrustOptions } from "./worker-trust.js";
@@ -84,7 +85,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     serviceTokens: opts.serviceTokens,
     defaultAccount: opts.ncaId ?? "callplane",
   });
-  const trust = new WorkerTrust(opts.workerTrust, opts.store, logger);
+  const trust = new WorkerTrust(opts.workerTrust, opts.store, logger, registry);
+  new PlaneMetrics(registry, { store: opts.store, queues: trust, logger });
   const deps: ApiDeps = {
     store: opts.store,
     secrets: opts.secrets,

@@ -12,11 +12,13 @@
 //   permissions of one function version out (the token is checked by introspect() here).
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "../../lib/log.js";
+import type { Registry } from "../../lib/metrics.js";
 import {
   closeConnections,
   connectNats,
   drainOrClose,
   NATS_ACCOUNTS,
+  natsConnected,
   type NatsAccess,
   type QueueLimits,
   WorkQueues,
@@ -76,6 +78,8 @@ export class WorkerTrust {
     readonly opts: WorkerTrustOptions,
     store: Store,
     private readonly logger: Logger,
+    /** Where the APP connection's state is reported (callplane_nats_connected). */
+    private readonly registry?: Registry,
   ) {
     this.signer = opts.identity.signer;
     this.identities = opts.identity.store;
@@ -84,7 +88,7 @@ export class WorkerTrust {
 
   async start(): Promise<void> {
     if (!this.opts.nats) return;
-    this.app = await connectNats(this.opts.nats.app, "api", this.logger);
+    this.app = await connectNats(this.opts.nats.app, "api", this.logger, this.registry);
     this.queues = new WorkQueues(this.app, this.opts.region, this.opts.queue);
     if (this.opts.nats.sys) this.sys = await connectNats(this.opts.nats.sys, "api-revoker", this.logger);
   }
@@ -108,6 +112,20 @@ export class WorkerTrust {
     return this.ensureQueue(fvid).catch((err: unknown) =>
       this.logger.warn({ versionId: fvid, err: (err as Error).message }, "could not create the work queue"),
     );
+  }
+
+  /**
+   * A version's queue backlog (lib/nats WorkQueues.backlog); undefined when the queue does not
+   * exist, or when NATS is not configured or not connected now (nothing is asked then).
+   */
+  async queueBacklog(fvid: string): Promise<{ pending: number; ackPending: number } | undefined> {
+    if (!this.queues || !natsConnected(this.app)) return undefined;
+    return this.queues.backlog(fvid);
+  }
+
+  /** Whether the queues can be read now (NATS configured and connected). */
+  get queuesReadable(): boolean {
+    return this.queues !== undefined && natsConnected(this.app);
   }
 
   /** Checks the queue again even if this process remembers creating it (someone may have removed it). */

@@ -28,7 +28,7 @@ import type { HostNames } from "../../lib/http/index.js";
 import { admitCall, grpcGrant } from "./admission.js";
 import type { KeyInFlight } from "../../plane/key-limit.js";
 import { first } from "./metadata.js";
-import type { GrpcProxyMetrics } from "./metrics.js";
+import type { GrpcCallSeries, GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
 import { CLEAR_SESSION_COOKIE, resumeIdOf, sessionCookie, type SessionTable } from "./sessions.js";
 import type { ProxyState } from "./state.js";
@@ -44,7 +44,7 @@ export interface CallDeps {
   auth: AuthCache;
   sessions: SessionTable;
   state: ProxyState;
-  metrics: Pick<GrpcProxyMetrics, "calls">;
+  metrics: Pick<GrpcProxyMetrics, "begin" | "refusals">;
   logger: Logger;
   holderId: number;
   /** The host names the client port serves besides IP literals and localhost (global.hosts). */
@@ -64,7 +64,9 @@ export class Calls {
     rawHeaders: readonly string[],
   ): Promise<void> {
     const conn = stream.session;
+    const started = performance.now();
     let session: Session | undefined;
+    let fn: GrpcCallSeries | undefined;
     let began = false;
     let release: (() => void) | undefined;
     try {
@@ -85,15 +87,19 @@ export class Calls {
         : this.deps.sessions.sessionFor(conn, grant, functionId, pinned);
       session.begin();
       began = true;
+      fn = this.deps.metrics.begin(session);
       const tunnel =
         session.state === "open" && session.tunnel && !session.tunnel.closed
           ? session.tunnel
           : await waitForWorker(stream, deadlineMs, session);
-      await this.forward(stream, headers, flags, session, tunnel, deadlineAt);
+      const result = await this.forward(stream, headers, flags, session, tunnel, deadlineAt);
+      fn.end(result.outcome, result.grpcStatus, started, result.firstByteAt);
     } catch (err) {
-      this.refuse(stream, headers, err, session);
+      const e = this.refuse(stream, headers, err, session);
+      fn?.end(e.code === "CLIENT_GONE" ? "client_gone" : "refused", GRPC_STATUS[e.code], started);
     } finally {
       if (began) session?.finish();
+      fn?.inFlight.dec();
       release?.();
     }
   }
@@ -106,7 +112,7 @@ export class Calls {
     session: Session,
     tunnel: ClientHttp2Session,
     deadlineAt: number | undefined,
-  ): Promise<void> {
+  ): Promise<StreamResult> {
     const extra: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
     const upstream: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
     // what is left of the call's deadline after the wait for the worker, in a form every server's
@@ -137,22 +143,22 @@ export class Calls {
         }),
       },
     );
-    this.deps.metrics.calls.inc({ outcome: result.outcome });
+    return result;
   }
 
-  /** Answers a call that did not go through, from grpc-proxy itself. */
+  /** Answers a call that did not go through, from grpc-proxy itself; says with which error. */
   private refuse(
     stream: ServerHttp2Stream,
     headers: IncomingHttpHeaders,
     err: unknown,
     session: Session | undefined,
-  ): void {
+  ): CallplaneError {
     const { logger } = this.deps;
     const e = toCallplaneError(err);
     if (e.code === "INTERNAL") logger.error({ err, requestId: session?.requestId }, "call failed");
     else if (e.code !== "CLIENT_GONE")
       logger.info({ requestId: session?.requestId, code: e.code, reason: e.message }, "call refused");
-    this.deps.metrics.calls.inc({ outcome: e.code === "CLIENT_GONE" ? "client_gone" : "refused" });
+    this.deps.metrics.refusals.inc({ code: e.code });
     const extra: Record<string, string> = {
       [NVCF_HEADERS.reqId]: session?.requestId ?? newRequestId(this.deps.holderId),
       [REFUSAL_CODE_HEADER]: e.code,
@@ -164,6 +170,7 @@ export class Calls {
       { grpcStatus: GRPC_STATUS[e.code], httpStatus: e.status, message: e.message },
       extra,
     );
+    return e;
   }
 }
 

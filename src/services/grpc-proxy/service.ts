@@ -82,7 +82,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       return started.urls;
     },
     async listen(): Promise<URL> {
-      const nc = await connectNats(opts.nats, `grpc-proxy-${holderHex(holderId)}`, logger);
+      const nc = await connectNats(opts.nats, `grpc-proxy-${holderHex(holderId)}`, logger, registry);
       state.nc = nc;
       state.publisher = new WorkPublisher(
         nc,

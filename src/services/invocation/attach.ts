@@ -188,6 +188,7 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
   else delivered = await relayBody(ctx, p, head, rest);
   const { ok, framingError } = delivered;
   if (!ok || client.destroyed) {
+    replica.metrics.mark(p, client.destroyed ? "client_gone" : "failed");
     client.destroy();
     replica.release(p);
     if (!res.headersSent) {
@@ -232,8 +233,7 @@ export async function beginAnswer(
   headers[NVCF_HEADERS.status] = nvcfStatus(head.status);
   headers["access-control-expose-headers"] = NVCF_HEADERS.reqId;
   await keepPollRecord(replica, p, discard, head.status);
-  replica.metrics.firstByte.observe((Date.now() - p.started) / 1000);
-  replica.metrics.invocations.inc({ outcome: "answered" });
+  replica.metrics.answered(p);
   attaches.inc({ kind: "response", result: "ok" });
   p.clientRes.writeHead(head.status, headers);
   return head.status === 204 || head.status === 304 || p.clientReq.method === "HEAD";

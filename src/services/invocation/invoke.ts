@@ -52,12 +52,20 @@ export async function invoke(
   // In flight from here (the key is accepted) until the client's answer (a 202 included) is out or
   // the request ends some other way: the slot goes back in replica.release(), or below if the
   // request ends before it is held.
-  const slot = replica.inFlightPerKey.acquire(grant.keyId);
+  const fn = replica.metrics.of(functionId, version.functionVersionId);
+  let slot;
+  try {
+    slot = replica.inFlightPerKey.acquire(grant.keyId);
+  } catch (err) {
+    fn.refused(res, started);
+    throw err;
+  }
   let body;
   try {
     body = await readInline(replica, req, res, windowSeconds);
   } catch (err) {
     slot.release();
+    fn.refused(res, started);
     throw err;
   }
   if (res.destroyed) {
@@ -83,6 +91,8 @@ export async function invoke(
     started,
     clientNcaId: grant.clientNcaId,
     slot,
+    fn,
+    outcome: undefined,
   };
   // The worker may call back as soon as the message is out, so the tokens are live before publishing.
   p.responseToken = replica.attachToken(p, "response");
@@ -101,8 +111,8 @@ export async function invoke(
   try {
     p.seq = await replica.publisher!.publish(version.functionVersionId, p.requestId, data);
   } catch (err) {
+    replica.metrics.mark(p, "rejected");
     replica.release(p);
-    replica.metrics.invocations.inc({ outcome: "rejected" });
     throw err;
   }
   ctx.log.debug(
@@ -218,6 +228,7 @@ export function workMessage(
  */
 export function track(replica: ReplicaState, p: Pending, windowSeconds: number): void {
   p.clientRes.once("close", () => clientClosed(replica, p));
+  replica.metrics.held(p);
   replica.pendings.add(p, (windowSeconds + replica.poll.graceSeconds) * 1000, () =>
     windowEnded(replica, p, windowSeconds),
   );
@@ -225,10 +236,10 @@ export function track(replica: ReplicaState, p: Pending, windowSeconds: number):
 
 /** The client's connection closed: before its answer was out in full, the request is cancelled. */
 function clientClosed(replica: ReplicaState, p: Pending): void {
+  replica.metrics.closed(p);
   if (p.state === "done") return;
   const wasQueued = p.state === "queued";
   if (!p.clientRes.writableFinished) {
-    replica.metrics.invocations.inc({ outcome: "client_gone" });
     replica.cancel(p, wasQueued ? "client left while queued" : "client left during the response");
   }
   replica.release(p);
@@ -237,7 +248,7 @@ function clientClosed(replica: ReplicaState, p: Pending): void {
 /** No worker's answer began within the window: the client gets a 504 and the request is cancelled. */
 function windowEnded(replica: ReplicaState, p: Pending, windowSeconds: number): void {
   if (p.state !== "queued") return;
-  replica.metrics.invocations.inc({ outcome: "timeout" });
+  replica.metrics.mark(p, "timeout");
   replica.logger.info(
     { requestId: p.requestId, functionId: p.functionId, windowSeconds },
     "no worker answered within the window",

@@ -46,6 +46,8 @@ export interface InvocationServiceOptions {
   attachOnClientPort?: boolean;
   /** Whether the client port serves GET /metrics; default false. */
   metricsOnClientPort?: boolean;
+  /** Function versions with series of their own before the rest share `other` (plane/function-series.ts). */
+  functionSeriesLimit?: number;
   /**
    * Host names the client port serves besides IP literals, localhost and the replica's own pod
    * address (global.hosts); a request naming another is refused with HOST_NOT_SERVED.

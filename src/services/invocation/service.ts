@@ -51,7 +51,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
     holderId,
     registry: replica.registry,
     async listen() {
-      const nc = await connectNats(opts.nats, `invocation-${holderHex(holderId)}`, logger);
+      const nc = await connectNats(opts.nats, `invocation-${holderHex(holderId)}`, logger, replica.registry);
       replica.nc = nc;
       replica.publisher = new WorkPublisher(
         nc,

@@ -10,14 +10,7 @@ import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { newHolderId } from "../../lib/ids.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
-import {
-  Counter,
-  Gauge,
-  Histogram,
-  LATENCY_BUCKETS,
-  createRegistry,
-  type Registry,
-} from "../../lib/metrics.js";
+import { createRegistry, type Registry } from "../../lib/metrics.js";
 import { pollBucket } from "../../lib/nats/index.js";
 import { createAuthCache, type AuthCache, type GrantVersion } from "../../plane/auth-cache.js";
 import { KeyInFlight, type KeySlot } from "../../plane/key-limit.js";
@@ -26,6 +19,7 @@ import type { ReplicaRegistry } from "../../plane/registry.js";
 import type { Relay } from "../../plane/relay.js";
 import { TokenTable } from "../../plane/tokens.js";
 import type { WorkPublisher } from "../../plane/work-queue.js";
+import { InvocationMetrics, type InvocationOutcome, type InvocationSeries } from "./metrics.js";
 import type { InvocationServiceOptions, PollSettings } from "./options.js";
 
 export type PendingState = "queued" | "responding" | "done";
@@ -54,6 +48,10 @@ export interface Pending {
   clientNcaId: string;
   /** The key's slot among its requests in flight on this replica, given back on release. */
   slot: KeySlot | undefined;
+  /** Its function version's metrics (metrics.ts); none for a status poll. */
+  fn?: InvocationSeries | undefined;
+  /** How it ended, marked where that is decided; counted when the client's response closes. */
+  outcome?: InvocationOutcome | undefined;
 }
 
 /** What the poll bucket keeps of a request that went in progress (202), keyed by its id. */
@@ -64,39 +62,6 @@ export interface PollRecord {
   functionVersionId: string;
   defaultInvocationPath: string;
   functionType: string;
-}
-
-export class InvocationMetrics {
-  readonly invocations: Counter;
-  readonly firstByte: Histogram;
-  readonly inFlight: Gauge;
-  readonly attaches: Counter;
-
-  constructor(registry: Registry) {
-    this.invocations = new Counter({
-      name: "callplane_invocations_total",
-      help: "Client invocations by outcome (answered: a worker answered; timeout: no worker within the window; client_gone; rejected: refused before queueing)",
-      labelNames: ["outcome"],
-      registers: [registry],
-    });
-    this.firstByte = new Histogram({
-      name: "callplane_invocation_first_byte_seconds",
-      help: "From the client's request to the worker's response head",
-      buckets: LATENCY_BUCKETS,
-      registers: [registry],
-    });
-    this.inFlight = new Gauge({
-      name: "callplane_invocations_in_flight",
-      help: "Requests this replica holds",
-      registers: [registry],
-    });
-    this.attaches = new Counter({
-      name: "callplane_attach_requests_total",
-      help: "Worker request-attach calls by kind and result",
-      labelNames: ["kind", "result"],
-      registers: [registry],
-    });
-  }
 }
 
 export class ReplicaState {
@@ -153,9 +118,9 @@ export class ReplicaState {
     this.inFlightPerKey = new KeyInFlight(opts.maxInFlightPerKey ?? 1024, "invocation.maxInFlightPerKey");
     this.inlineBodyMs = opts.inlineBodyMs ?? 30_000;
     this.bodyIdleMs = opts.bodyIdleMs ?? 10_000;
-    this.metrics = new InvocationMetrics(this.registry);
+    this.metrics = new InvocationMetrics(this.registry, opts.functionSeriesLimit);
     this.tokens = new TokenTable(this.holderId);
-    this.pendings = new PendingTable<Pending>(this.metrics.inFlight);
+    this.pendings = new PendingTable<Pending>();
   }
 
   /** Ready for traffic: connected to NATS. */

@@ -12,7 +12,7 @@ import { createSecureContext, rootCertificates } from "node:tls";
 import { Pool } from "undici";
 import { Router, createHttpService, sendJson } from "../../lib/http/index.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
-import { createRegistry, type Registry } from "../../lib/metrics.js";
+import type { Registry } from "../../lib/metrics.js";
 import {
   INBOX,
   Replies,
@@ -27,7 +27,7 @@ import { NatsAnswers } from "./nats-answer.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkDispatcher, type InflightWork } from "./dispatch.js";
 import { waitForInference } from "./inference-health.js";
-import { workerMetrics } from "./metrics.js";
+import { workerMetrics, workerRegistry } from "./metrics.js";
 import { OutputSlot } from "./output-slot.js";
 import { ConfirmedAcks, QueueConsumer, waitForConsumer } from "./queue-consumer.js";
 
@@ -91,8 +91,8 @@ export function createWorkerAgent(
   opts: { logger?: Logger; registry?: Registry } = {},
 ): WorkerAgent {
   const logger = opts.logger ?? silentLogger();
-  const registry = opts.registry ?? createRegistry("worker");
-  const { items, busy, duration } = workerMetrics(registry);
+  const registry = opts.registry ?? workerRegistry(cfg);
+  const { items, busy, duration } = workerMetrics(registry, cfg.concurrency);
   const inference = new Pool(
     `http://${formatHostPort({ host: cfg.inference.host, port: cfg.inference.port })}`,
     {
@@ -144,6 +144,7 @@ export function createWorkerAgent(
         access,
         `worker_${cfg.functionVersionId}_${cfg.instanceId || process.pid}`,
         logger,
+        registry,
       );
       state.nc = nc;
       const replies = new Replies(nc, access.inboxPrefix);
