@@ -334,6 +334,11 @@ export class LocalStack {
             name,
             command: bin,
             args: ["-c", files.configFile],
+            // One scheduler thread unless the environment says otherwise: on one machine nats-server
+            // shares the cores with every service and worker, and with two threads it spent a
+            // quarter more CPU per invocation (Go's scheduler spinning and handing work between
+            // threads) for no gain in rate (bench/RESULTS.md, the stack rows).
+            env: { ...process.env, GOMAXPROCS: process.env.GOMAXPROCS ?? "1" },
             logFile: join(this.logDir, `${name}.log`),
             ipc: false,
             restart: this.restartPolicy(),
