@@ -146,6 +146,8 @@ test("default stack: a worker's own credential reaches its function and nothing 
         "rq_polling.*.*",
         "nvcf.cancel.*",
         "stateful_session.reconnect.*.*",
+        // the replicas' answers: a worker may send one (with its token), never read any
+        subjects.answerFilter,
         "rq.>",
         ">",
       ];
@@ -154,6 +156,25 @@ test("default stack: a worker's own credential reaches its function and nothing 
       t.diagnostic(`NATS refused ${hostile.errors.length} attempts, for example: ${hostile.errors[0]}`);
     },
   );
+
+  await t.test("(e) an answer it sends a replica without the request's token is refused", async () => {
+    const res = await fetch(`${info.invocation[0]}/v2/nvcf/pexec/functions/${b.functionId}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${info.demo.apiKey}`, "content-type": "application/json" },
+      body: "{}",
+    });
+    await res.text();
+    // the request id begins with its replica's holder id: the subject of that replica's answers
+    const holder = (res.headers.get("nvcf-reqid") ?? "").slice(0, 8);
+    assert.match(holder, /^[0-9a-f]{8}$/);
+    const reply = await nc.request(
+      subjects.answer(holder),
+      `${holder}.forged\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi`,
+      { timeout: 5000 },
+    );
+    const problem = reply.json<{ status: number; code: string }>();
+    assert.deepEqual([problem.status, problem.code], [401, "ATTACH_TOKEN_INVALID"]);
+  });
 
   await t.test("B's invocation still succeeds, and A's credential serves A", async () => {
     const payload = { to: "B", after: "the hostile worker" };
