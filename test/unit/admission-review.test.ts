@@ -9,14 +9,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import { computeAgentUsername } from "../../src/lib/config/index.js";
+import { parseAdmissionReview } from "../../src/services/admission-webhook/review-request.js";
+import { OTHER_REVIEWED, reviewAdmission } from "../../src/services/admission-webhook/review.js";
 import {
   ACCOUNT_FIELDS,
-  OTHER_REVIEWED,
   POD_SPEC_PATHS,
-  parseAdmissionReview,
-  reviewAdmission,
   type PodBearingKind,
-} from "../../src/services/admission-webhook/review.js";
+} from "../../src/services/admission-webhook/reserved-names.js";
 import { MAX_REVIEW_BYTES, createAdmissionWebhook } from "../../src/services/admission-webhook/service.js";
 import { OTHER_RESOURCES, POD_BEARING_RESOURCES } from "../../src/deploy/render/admission-webhook.js";
 import { COMPUTE_AGENT_CLUSTER_RULES, COMPUTE_AGENT_RULES } from "../../src/deploy/render/compute.js";

@@ -12,12 +12,9 @@
 // SIGUSR1), letting what is in flight finish within hard-stop-after.
 import { basename, dirname } from "node:path";
 import type { IContainer } from "kubernetes-models/v1";
-import {
-  haproxyConfig,
-  haproxyErrorFiles,
-  haproxySettings,
-  type HaproxyConfigOptions,
-} from "../../services/callback-proxy/haproxy-config.js";
+import { haproxyConfig } from "../../services/callback-proxy/haproxy-config.js";
+import { haproxySettings, type HaproxyConfigOptions } from "../../services/callback-proxy/haproxy-options.js";
+import { haproxyErrorFiles } from "../../services/callback-proxy/haproxy-parser-errors.js";
 import { HAPROXY, MOUNTS, SERVICES, TLS_SECRETS, WORKLOADS } from "../layout.js";
 import { sha256, type RenderContext } from "./context.js";
 import {

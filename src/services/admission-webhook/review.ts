@@ -1,5 +1,6 @@
-// The admission webhook's decision: one AdmissionReview (admission.k8s.io/v1) in, its answer out, a
-// pure function of the review and of who the compute agent is.
+// The admission webhook's decision: one AdmissionReview (admission.k8s.io/v1, its request checked by
+// review-request.ts) in, its answer out, a pure function of the review and of who the compute agent
+// is. What is reserved, and where an object names it, is found by reserved-names.ts.
 //
 // Service accounts named nvcf-worker-* are the worker pods' identities: a token of one is what the
 // plane trusts as "the worker of instance X" (seed 004). Anyone who could run a pod as such an
@@ -22,44 +23,23 @@
 // Upstream's webhook checks five kinds and one field; this one covers every kind that carries a pod
 // template and both fields. Kinds it does not know are allowed: the registration decides what is
 // sent, and an unknown kind sent by mistake must not block the cluster.
-import { CallplaneError } from "../../lib/errors.js";
+import { ADMISSION_API_VERSION, invalid, isObject, type AdmissionRequest } from "./review-request.js";
+import {
+  at,
+  isPodBearing,
+  POD_SPEC_PATHS,
+  podSpecOf,
+  RESERVED_PREFIX,
+  reservedAccountFields,
+  reservedSecretRefs,
+  type PodBearingKind,
+} from "./reserved-names.js";
 
-export const ADMISSION_API_VERSION = "admission.k8s.io/v1";
-/** The prefix of the worker pods' service accounts (the pod contract: `nvcf-worker-<pod name>`). */
-export const RESERVED_PREFIX = "nvcf-worker-";
 /** The group every kubelet's credential carries (the Node authorizer's). */
 export const NODES_GROUP = "system:nodes";
-/** The per-pod Secrets of the pod contract: `<pod name>-worker` and `<pod name>-secrets`, pods named `cp-<id>`. */
-export const RESERVED_SECRET = /^cp-.+-(worker|secrets)$/;
 /** A legacy service-account token Secret: the token controller writes a non-expiring token into it. */
 export const SERVICE_ACCOUNT_TOKEN_TYPE = "kubernetes.io/service-account-token";
 export const SERVICE_ACCOUNT_NAME_ANNOTATION = "kubernetes.io/service-account.name";
-
-/**
- * Where each pod-bearing kind keeps its pod spec, by request.kind.kind: the kind the review is
- * about once the API server has converted the request to a version the registration names (not
- * requestKind, the version the client sent).
- */
-export const POD_SPEC_PATHS = {
-  Pod: ["spec"],
-  Deployment: ["spec", "template", "spec"],
-  StatefulSet: ["spec", "template", "spec"],
-  ReplicaSet: ["spec", "template", "spec"],
-  DaemonSet: ["spec", "template", "spec"],
-  Job: ["spec", "template", "spec"],
-  ReplicationController: ["spec", "template", "spec"],
-  CronJob: ["spec", "jobTemplate", "spec", "template", "spec"],
-  // a PodTemplate has no spec of its own: its template sits at the top
-  PodTemplate: ["template", "spec"],
-} as const satisfies Record<string, readonly string[]>;
-
-export type PodBearingKind = keyof typeof POD_SPEC_PATHS;
-
-/** The pod spec's fields that name its service account: the current one and the deprecated one. */
-export const ACCOUNT_FIELDS = ["serviceAccountName", "serviceAccount"] as const;
-
-/** The pod spec's container lists: each container's env and envFrom may name a Secret. */
-export const CONTAINER_LISTS = ["containers", "initContainers", "ephemeralContainers"] as const;
 
 /**
  * The kinds the review reads besides the pod-bearing ones, each with the registration's resource
@@ -81,21 +61,6 @@ export interface ReviewPolicy {
   agentUsername: string;
 }
 
-/** The parts of an AdmissionReview's request the decision reads. */
-export interface AdmissionRequest {
-  uid: string;
-  kind: { group: string; version: string; kind: string };
-  resource: { group: string; version: string; resource: string } | undefined;
-  subResource: string;
-  name: string;
-  namespace: string;
-  operation: string;
-  userInfo: { username: string; groups: string[] };
-  object: unknown;
-  /** The object before an UPDATE (null otherwise). */
-  oldObject: unknown;
-}
-
 export interface AdmissionReviewAnswer {
   apiVersion: typeof ADMISSION_API_VERSION;
   kind: "AdmissionReview";
@@ -110,87 +75,6 @@ export interface ReviewResult {
   message?: string;
   /** What a refusal or an allowance for the agent was about: the fields, or the TokenRequest's account. */
   reserved: string[];
-}
-
-type Json = Record<string, unknown>;
-const isObject = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
-
-function invalid(detail: string, field: string): CallplaneError {
-  return new CallplaneError("ADMISSION_REVIEW_INVALID", detail, {
-    extra: { errors: [{ field, message: detail }] },
-  });
-}
-
-function optionalString(o: Json, key: string, where: string): string {
-  const v = o[key];
-  if (v === undefined || v === null) return "";
-  if (typeof v !== "string") throw invalid(`${where}.${key} must be a string`, `${where}.${key}`);
-  return v;
-}
-
-/**
- * The request of an AdmissionReview, checked for what the decision needs; anything else is
- * ADMISSION_REVIEW_INVALID naming the field (the server answers 400, and the API server, whose
- * failure policy is Fail, refuses what it was reviewing).
- */
-export function parseAdmissionReview(body: unknown): AdmissionRequest {
-  if (!isObject(body)) throw invalid("the body is not an AdmissionReview: send a JSON object", "(the body)");
-  if (body.apiVersion !== ADMISSION_API_VERSION)
-    throw invalid(
-      `apiVersion is ${JSON.stringify(body.apiVersion ?? null)}; this webhook answers ${ADMISSION_API_VERSION} only (register it with admissionReviewVersions: [v1])`,
-      "apiVersion",
-    );
-  if (body.kind !== "AdmissionReview")
-    throw invalid(`kind is ${JSON.stringify(body.kind ?? null)}, not AdmissionReview`, "kind");
-  const r = body.request;
-  if (!isObject(r))
-    throw invalid(
-      "the review has no request (an AdmissionReview the API server sends carries one)",
-      "request",
-    );
-  if (typeof r.uid !== "string" || r.uid === "")
-    throw invalid("the review's request has no uid (the answer must copy it)", "request.uid");
-  if (!isObject(r.kind) || typeof r.kind.kind !== "string" || r.kind.kind === "")
-    throw invalid("the review's request has no kind ({group, version, kind})", "request.kind");
-  if (typeof r.operation !== "string" || r.operation === "")
-    throw invalid("the review's request has no operation", "request.operation");
-  const userInfo = r.userInfo === undefined || r.userInfo === null ? {} : r.userInfo;
-  if (!isObject(userInfo)) throw invalid("request.userInfo must be an object", "request.userInfo");
-  const groups = userInfo.groups ?? [];
-  if (!Array.isArray(groups) || groups.some((g) => typeof g !== "string"))
-    throw invalid("request.userInfo.groups must be a list of strings", "request.userInfo.groups");
-  let resource: AdmissionRequest["resource"];
-  if (r.resource !== undefined && r.resource !== null) {
-    if (!isObject(r.resource)) throw invalid("request.resource must be an object", "request.resource");
-    resource = {
-      group: optionalString(r.resource, "group", "request.resource"),
-      version: optionalString(r.resource, "version", "request.resource"),
-      resource: optionalString(r.resource, "resource", "request.resource"),
-    };
-  }
-  return {
-    uid: r.uid,
-    kind: {
-      group: optionalString(r.kind, "group", "request.kind"),
-      version: optionalString(r.kind, "version", "request.kind"),
-      kind: r.kind.kind,
-    },
-    resource,
-    subResource: optionalString(r, "subResource", "request"),
-    name: optionalString(r, "name", "request"),
-    namespace: optionalString(r, "namespace", "request"),
-    operation: r.operation,
-    userInfo: {
-      username: optionalString(userInfo, "username", "request.userInfo"),
-      groups: groups as string[],
-    },
-    object: r.object,
-    oldObject: r.oldObject,
-  };
-}
-
-function isPodBearing(kind: string): kind is PodBearingKind {
-  return Object.hasOwn(POD_SPEC_PATHS, kind);
 }
 
 function isTokenRequest(r: AdmissionRequest): boolean {
@@ -212,64 +96,6 @@ function answer(uid: string, allowed: boolean, message?: string): AdmissionRevie
     kind: "AdmissionReview",
     response: message === undefined ? { uid, allowed } : { uid, allowed, status: { code: 403, message } },
   };
-}
-
-function podSpecOf(kind: PodBearingKind, object: unknown): Json | undefined {
-  let spec: unknown = object;
-  for (const key of POD_SPEC_PATHS[kind]) spec = isObject(spec) ? spec[key] : undefined;
-  return isObject(spec) ? spec : undefined;
-}
-
-const list = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
-const at = (v: unknown, ...keys: string[]): unknown => {
-  for (const k of keys) v = isObject(v) ? v[k] : undefined;
-  return v;
-};
-
-/** The reserved account names a pod-bearing object carries, each as `<field path> "<name>"`. */
-export function reservedAccountFields(kind: PodBearingKind, object: unknown): string[] {
-  const spec = podSpecOf(kind, object);
-  if (spec === undefined) return [];
-  const path = POD_SPEC_PATHS[kind];
-  const out: string[] = [];
-  for (const field of ACCOUNT_FIELDS) {
-    const v = spec[field];
-    if (typeof v === "string" && v.startsWith(RESERVED_PREFIX))
-      out.push(`${[...path, field].join(".")} ${JSON.stringify(v)}`);
-  }
-  return out;
-}
-
-/**
- * The references to a worker pod's Secrets (cp-*-worker, cp-*-secrets) in a pod spec at `path`,
- * each as `<field path> "<name>"`: volumes (secret, projected), and env and envFrom of every
- * container, init container and ephemeral container.
- */
-export function reservedSecretRefs(spec: Json, path: readonly string[]): string[] {
-  const out: string[] = [];
-  const check = (v: unknown, where: string) => {
-    if (typeof v === "string" && RESERVED_SECRET.test(v))
-      out.push(`${[...path, where].join(".")} ${JSON.stringify(v)}`);
-  };
-  list(spec.volumes).forEach((v, i) => {
-    check(at(v, "secret", "secretName"), `volumes[${i}].secret.secretName`);
-    list(at(v, "projected", "sources")).forEach((src, j) =>
-      check(at(src, "secret", "name"), `volumes[${i}].projected.sources[${j}].secret.name`),
-    );
-  });
-  for (const containers of CONTAINER_LISTS)
-    list(spec[containers]).forEach((c, i) => {
-      list(at(c, "env")).forEach((e, j) =>
-        check(
-          at(e, "valueFrom", "secretKeyRef", "name"),
-          `${containers}[${i}].env[${j}].valueFrom.secretKeyRef.name`,
-        ),
-      );
-      list(at(c, "envFrom")).forEach((e, j) =>
-        check(at(e, "secretRef", "name"), `${containers}[${i}].envFrom[${j}].secretRef.name`),
-      );
-    });
-  return out;
 }
 
 /** What of `now` was not in `before`: a name already at its path on the old object is not new. */

@@ -13,7 +13,8 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import { Counter, createRegistry, type Registry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
-import { parseAdmissionReview, reviewAdmission, type ReviewPolicy } from "./review.js";
+import { parseAdmissionReview } from "./review-request.js";
+import { reviewAdmission, type ReviewPolicy } from "./review.js";
 
 export const VALIDATE_PATH = "/validate";
 

@@ -7,7 +7,8 @@ import { parseHostPort } from "../../lib/net/index.js";
 import { runService, type Running } from "../../lib/process/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
 import { createRegistry } from "../../lib/metrics.js";
-import { haproxySettings, READY_SERVER } from "./haproxy-config.js";
+import { READY_SERVER } from "./haproxy-config.js";
+import { haproxySettings } from "./haproxy-options.js";
 import { HaproxyRuntime } from "./haproxy.js";
 import { createCallbackProxy, frontendPem } from "./service.js";
 

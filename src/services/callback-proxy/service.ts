@@ -11,12 +11,9 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import type { HostPort } from "../../lib/net/index.js";
 import { formatHostPort } from "../../lib/net/index.js";
 import type { TlsMaterial } from "../../lib/tls/index.js";
-import {
-  haproxyConfig,
-  haproxyErrorFiles,
-  READY_SERVER,
-  type HaproxyConfigOptions,
-} from "./haproxy-config.js";
+import { haproxyConfig, READY_SERVER } from "./haproxy-config.js";
+import type { HaproxyConfigOptions } from "./haproxy-options.js";
+import { haproxyErrorFiles } from "./haproxy-parser-errors.js";
 import {
   checkHaproxyConfig,
   haproxyBinary,

@@ -17,7 +17,7 @@ import type { ComputeBackend, ComputeInstance } from "./backend.js";
 import type { BackendFilled, InstanceEnvironment } from "./deployment.js";
 import { identityProvider, type TokenSource } from "./identity.js";
 import { InstanceTable } from "./instance-table.js";
-import { InstanceTypeRegistration } from "./instance-types.js";
+import { InstanceTypeRegistration } from "./instance-type-registration.js";
 import { KubernetesBackend } from "./kubernetes/backend.js";
 import type { ClusterKeysSettings } from "./kubernetes/cluster-keys.js";
 import type { ClusterInstanceType } from "./kubernetes/instance-types.js";

@@ -9,11 +9,9 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { connect as tlsConnect } from "node:tls";
 import { writeFileAtomic } from "../../../src/lib/fs.js";
-import {
-  haproxyConfig,
-  haproxyErrorFiles,
-  type HaproxyConfigOptions,
-} from "../../../src/services/callback-proxy/haproxy-config.js";
+import { haproxyConfig } from "../../../src/services/callback-proxy/haproxy-config.js";
+import type { HaproxyConfigOptions } from "../../../src/services/callback-proxy/haproxy-options.js";
+import { haproxyErrorFiles } from "../../../src/services/callback-proxy/haproxy-parser-errors.js";
 import {
   checkHaproxyConfig,
   haproxyBinary,

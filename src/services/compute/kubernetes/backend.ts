@@ -20,10 +20,11 @@ import { defaultInstanceCount, type ComputeBackend, type DeploymentSpec } from "
 import type { DesiredDeployment } from "../deployment.js";
 import type { InstanceTypeOffer } from "../instance-types.js";
 import type { WorkerSettings } from "../worker-env.js";
+import { deploymentOfPod } from "./adopted-pod.js";
 import { ClusterKeysPublisher, type ClusterKeysSettings } from "./cluster-keys.js";
 import { FirstList } from "./first-list.js";
 import { ClusterInstanceTypes, type ClusterInstanceType } from "./instance-types.js";
-import { deploymentOfPod, PodInstance, type PodContext } from "./pod-instance.js";
+import { PodInstance, type PodContext } from "./pod-instance.js";
 import { ANNOTATIONS, LABELS, managedSelector, podNameOf, type KubePod } from "./pod-spec.js";
 import { PATHS } from "./worker-identity.js";
 

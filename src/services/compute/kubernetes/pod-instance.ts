@@ -1,24 +1,20 @@
-// One instance on Kubernetes, as the agent sees it: starting provisions its pod and identity (one
-// transaction, worker-identity.ts; a failure leaves nothing and is retried with backoff, as a new
+// One instance on Kubernetes, as the agent sees it: starting provisions its pod and identity
+// (pod-provision.ts: one transaction; a failure leaves nothing and is retried with backoff, as a new
 // instance with a new id); its status follows its pod (pod-state.ts), which the backend's one watch
-// hands it; stopping deletes the pod with its grace, waits (bounded) until the watch says it is
-// gone, then purges its identity objects. Its pod going away otherwise (deleted by someone, Failed)
-// ends it: the agent reports it TERMINATED and starts another.
+// hands it; stopping deletes the pod with its grace (pod-delete.ts), waits (bounded) until the
+// watch says it is gone, then purges its identity objects. Its pod going away otherwise (deleted by
+// someone, Failed) ends it: the agent reports it TERMINATED and starts another.
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { IPod } from "kubernetes-models/v1";
 import type { InstanceStatus } from "../../../lib/instance-status.js";
-import { isConflict, isNotFound, kubePaths, type KubeClient } from "../../../lib/kube/index.js";
-import type { Logger } from "../../../lib/log.js";
-import type { ComputeApiClient } from "../api-client.js";
+import { isNotFound, kubePaths } from "../../../lib/kube/index.js";
 import type { ComputeInstance, WorkerAuth } from "../backend.js";
 import type { DesiredDeployment } from "../deployment.js";
-import type { FetchedSecrets } from "../secrets.js";
-import type { WorkerSettings } from "../worker-env.js";
-import type { ClusterInstanceTypes } from "./instance-types.js";
+import { deletePod } from "./pod-delete.js";
+import { provisionAttempt, type ProvisionContext } from "./pod-provision.js";
 import {
   ANNOTATIONS,
-  buildInstanceObjects,
   identityNameOf,
   LABELS,
   podNameOf,
@@ -30,57 +26,14 @@ import { podVerdict } from "./pod-state.js";
 import { WorkerIdentity } from "./worker-identity.js";
 
 /** What every instance of the backend shares. */
-export interface PodContext {
-  client: KubeClient;
-  namespace: string;
-  clusterId: string;
-  workerImage: string;
-  gpuResource: string;
-  terminationGraceSeconds: number;
+export interface PodContext extends ProvisionContext {
   unschedulableMs: number;
   /** How long stop() waits for a deleted pod to go, beyond its grace. */
   deleteWaitMs: number;
   restart: { initialMs: number; maxMs: number };
-  worker: WorkerSettings;
-  workerNatsEnv(): Record<string, string>;
-  instanceTypes: ClusterInstanceTypes;
-  api: ComputeApiClient;
-  logger: Logger;
   /** The backend's dispatch table (the watch finds an instance by its id label). */
   track(id: string, inst: PodInstance): void;
   untrack(id: string, inst: PodInstance): void;
-}
-
-/** The deployment an adopted pod belongs to, as far as its labels and annotations say. */
-export function deploymentOfPod(pod: IPod): DesiredDeployment {
-  const labels = pod.metadata?.labels ?? {};
-  const ann = pod.metadata?.annotations ?? {};
-  const inference = pod.spec?.containers.find((c) => c.name === "inference");
-  const port = inference?.ports?.[0]?.containerPort ?? 0;
-  // only what reports and secrets refreshes use is known; the rest is never read for a running pod
-  return {
-    deploymentId: labels[LABELS.deploymentId] ?? "",
-    functionId: labels[LABELS.functionId] ?? "",
-    versionId: labels[LABELS.versionId] ?? "",
-    name: ann[ANNOTATIONS.functionName] ?? "",
-    ncaId: labels[LABELS.ncaId] ?? "",
-    specs: [
-      {
-        gpu: ann[ANNOTATIONS.gpuName] ?? "",
-        instanceType: ann[ANNOTATIONS.instanceType] ?? "",
-        minInstances: 1,
-        maxInstances: 1,
-        maxRequestConcurrency: 1,
-      },
-    ],
-    spec: {
-      inferenceUrl: "",
-      inferencePort: port,
-      containerImage: inference?.image ?? "",
-      containerEnvironment: [],
-      health: { protocol: "HTTP", uri: "", port, timeout: "", expectedStatusCode: 200 },
-    },
-  };
 }
 
 export class PodInstance implements ComputeInstance {
@@ -180,93 +133,38 @@ export class PodInstance implements ComputeInstance {
     this.provisioning = this.provision();
   }
 
-  private async fetchSecrets(): Promise<Pick<FetchedSecrets, "revision" | "values">> {
-    const d = this.deployment;
-    if (!d.secretsRevision) return { revision: 0, values: {} };
-    const fetched = await this.ctx.api.secrets(d.functionId, d.versionId);
-    if (fetched.unreadable.length)
-      this.ctx.logger.warn(
-        { instanceId: this.id, function: d.name, secrets: fetched.unreadable.map((u) => u.name) },
-        "some secrets of this version cannot be decrypted; the instance gets the others (see the API log)",
-      );
-    return fetched;
-  }
-
   /** Provisions the pod and its identity; retried with backoff (and a new id) until it is made or the instance stopped. */
   private async provision(): Promise<void> {
     const { ctx } = this;
     const signal = this.starting.signal;
-    const spec = this.deployment.specs[0];
     let delay = ctx.restart.initialMs;
-    const backoff = async () => {
-      await sleep(delay, undefined, { signal }).catch(() => undefined);
-      delay = Math.min(delay * 2, ctx.restart.maxMs);
-    };
     while (!signal.aborted) {
-      let secrets: Pick<FetchedSecrets, "revision" | "values">;
-      try {
-        secrets = await this.fetchSecrets();
-      } catch (err) {
-        this.set(
-          "STARTING",
-          `waiting for the API to give the instance its secrets: ${(err as Error).message}`,
-        );
-        await backoff();
-        continue;
-      }
-      const type = ctx.instanceTypes.resolve(spec.gpu, spec.instanceType);
-      if (!type) {
-        const offered = ctx.instanceTypes.current.map((t) => `${t.name} (${t.gpu})`).join(", ") || "none";
-        this.set(
-          "ERRORED",
-          `this cluster does not offer instance type ${spec.instanceType} with gpu ${spec.gpu} (it offers ${offered}); no pod was created; retrying`,
-        );
-        await backoff();
-        continue;
-      }
-      if (signal.aborted) return;
-      const identity = new WorkerIdentity(ctx.client, ctx.namespace, this.podName, ctx.logger);
-      try {
-        const objects = buildInstanceObjects({
-          instanceId: this.id,
-          namespace: ctx.namespace,
-          clusterId: ctx.clusterId,
-          deployment: this.deployment,
-          instanceType: type,
-          gpuResource: ctx.gpuResource,
-          terminationGraceSeconds: ctx.terminationGraceSeconds,
-          workerImage: ctx.workerImage,
-          worker: ctx.worker,
-          workerNatsEnv: ctx.workerNatsEnv(),
-          secrets,
-        });
-        const made = await identity.provision(objects, signal);
-        this.identity = identity;
-        this.saUid = made.serviceAccount.metadata.uid;
-        this.secretsRevision = secrets.revision;
+      const a = await provisionAttempt(
+        ctx,
+        { instanceId: this.id, podName: this.podName, deployment: this.deployment },
+        signal,
+      );
+      if (a.outcome === "aborted") return;
+      if (a.outcome === "made") {
+        this.identity = a.identity;
+        this.saUid = a.saUid;
+        this.secretsRevision = a.secretsRevision;
         ctx.logger.info(
-          { instanceId: this.id, pod: this.podName, function: this.deployment.name, instanceType: type.name },
-          "pod created",
-        );
-        this.created(made.pod);
-        return;
-      } catch (err) {
-        if (signal.aborted) return;
-        ctx.logger.warn(
           {
             instanceId: this.id,
             pod: this.podName,
             function: this.deployment.name,
-            err: (err as Error).message,
+            instanceType: a.instanceType,
           },
-          "could not create the pod and its identity; nothing of it is left, retrying",
+          "pod created",
         );
-        this.set(
-          "ERRORED",
-          `could not create the pod and its worker identity, so nothing runs: ${(err as Error).message}; retrying`,
-        );
+        this.created(a.pod);
+        return;
       }
-      await backoff();
+      this.set(a.status, a.message);
+      await sleep(delay, undefined, { signal }).catch(() => undefined);
+      delay = Math.min(delay * 2, ctx.restart.maxMs);
+      if (!a.freshId) continue;
       if (signal.aborted) return;
       // a fresh id for the next attempt: nothing of the failed one can be in its way
       const old = this.id;
@@ -398,7 +296,21 @@ export class PodInstance implements ComputeInstance {
       const path = kubePaths.pods(ctx.namespace, this.podName);
       // Until the API server says the pod is deleting (or gone), nothing else happens: an identity
       // purged and an instance reported TERMINATED while its pod runs on would leave it untracked.
-      if (!(await this.deletePod(path, grace))) return;
+      const deleted = await deletePod({
+        client: ctx.client,
+        logger: ctx.logger,
+        restart: ctx.restart,
+        path,
+        uid: this.podUid,
+        graceSeconds: grace,
+        instanceId: this.id,
+        podName: this.podName,
+        functionName: this.deployment.name,
+        isGone: () => this.gone,
+        released,
+      });
+      if (deleted === "released") return;
+      if (deleted === "gone") this.gone = true;
       const bound = grace * 1000 + ctx.deleteWaitMs;
       const timer = new AbortController();
       const closed = new Promise<void>((r) => released.addEventListener("abort", () => r(), { once: true }));
@@ -436,51 +348,6 @@ export class PodInstance implements ComputeInstance {
     }
     this.set("TERMINATED", this.endedMessage);
     ctx.untrack(this.id, this);
-  }
-
-  /**
-   * Deletes the pod with its grace, retried with backoff (ctx.restart) until the API server takes
-   * the delete or answers NotFound, or the pod is seen gone. Answers false when the agent closed
-   * first (the pod is left to its next start).
-   */
-  private async deletePod(path: string, grace: number): Promise<boolean> {
-    const { ctx } = this;
-    const released = this.releasing.signal;
-    let delay = ctx.restart.initialMs;
-    for (let attempt = 1; ; attempt++) {
-      if (this.gone) return true;
-      if (released.aborted) return false;
-      try {
-        await ctx.client.delete(path, {
-          gracePeriodSeconds: grace,
-          tolerateMissing: false,
-          ...(this.podUid ? { preconditionUid: this.podUid } : {}),
-        });
-        ctx.logger.info(
-          { instanceId: this.id, pod: this.podName, function: this.deployment.name, graceSeconds: grace },
-          "pod deleted",
-        );
-        return true;
-      } catch (err) {
-        // gone already; or (a Conflict on the uid precondition) a pod of that name that is not this one
-        if (isNotFound(err) || isConflict(err)) {
-          this.gone = true;
-          return true;
-        }
-        ctx.logger.warn(
-          {
-            instanceId: this.id,
-            pod: this.podName,
-            attempt,
-            retryInMs: delay,
-            err: (err as Error).message,
-          },
-          "could not delete the pod; retrying (the instance stays tracked until its pod is deleted)",
-        );
-      }
-      await sleep(delay, undefined, { signal: released }).catch(() => undefined);
-      delay = Math.min(delay * 2, ctx.restart.maxMs);
-    }
   }
 
   /** Deletes the pod at once, without waiting (its identity objects go with it: owner references). */
