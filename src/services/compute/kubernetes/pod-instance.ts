@@ -310,7 +310,11 @@ export class PodInstance implements ComputeInstance {
         released,
       });
       if (deleted === "released") return;
-      if (deleted === "gone") this.gone = true;
+      if (deleted === "gone") {
+        // already gone (the delete was answered NotFound): nothing to wait for
+        this.gone = true;
+        this.onGone?.();
+      }
       const bound = grace * 1000 + ctx.deleteWaitMs;
       const timer = new AbortController();
       const closed = new Promise<void>((r) => released.addEventListener("abort", () => r(), { once: true }));
