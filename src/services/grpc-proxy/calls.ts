@@ -32,6 +32,7 @@ import type { GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
 import { CLEAR_SESSION_COOKIE, resumeIdOf, sessionCookie, type SessionTable } from "./sessions.js";
 import type { ProxyState } from "./state.js";
+import { ATTR, traceGrpcCall, type TraceSpan } from "../../lib/tracing/index.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
 
 /** grpc-proxy's own refusals carry their stable code (docs/errors.md) in this metadata. */
@@ -67,6 +68,7 @@ export class Calls {
     let session: Session | undefined;
     let began = false;
     let release: (() => void) | undefined;
+    const span = this.deps.state.tracing && traceGrpcCall(this.deps.state.tracing, headers);
     try {
       if (this.deps.state.closing || !conn)
         throw new CallplaneError(
@@ -82,19 +84,22 @@ export class Calls {
       const resumeId = resumeIdOf(headers);
       session = resumeId
         ? await this.deps.sessions.resume(conn, resumeId, grant, functionId, pinned)
-        : this.deps.sessions.sessionFor(conn, grant, functionId, pinned);
+        : this.deps.sessions.sessionFor(conn, grant, functionId, pinned, span);
+      span?.identify(session.requestId, functionId, session.functionVersionId);
       session.begin();
       began = true;
       const tunnel =
         session.state === "open" && session.tunnel && !session.tunnel.closed
           ? session.tunnel
           : await waitForWorker(stream, deadlineMs, session);
-      await this.forward(stream, headers, flags, session, tunnel, deadlineAt);
+      await this.forward(stream, headers, flags, session, tunnel, deadlineAt, span);
     } catch (err) {
+      span?.fail(err);
       this.refuse(stream, headers, err, session);
     } finally {
       if (began) session?.finish();
       release?.();
+      span?.end();
     }
   }
 
@@ -106,9 +111,12 @@ export class Calls {
     session: Session,
     tunnel: ClientHttp2Session,
     deadlineAt: number | undefined,
+    span: TraceSpan | undefined,
   ): Promise<void> {
     const extra: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
     const upstream: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
+    // the worker's call to the inference server goes under this call's span
+    span?.inject(upstream);
     // what is left of the call's deadline after the wait for the worker, in a form every server's
     // timer holds (a client's 2147484S would overflow a 32-bit one)
     if (deadlineAt !== undefined)
@@ -138,6 +146,9 @@ export class Calls {
       },
     );
     this.deps.metrics.calls.inc({ outcome: result.outcome });
+    span
+      ?.set("rpc.grpc.status_code", result.grpcStatus === undefined ? undefined : Number(result.grpcStatus))
+      .set(ATTR.outcome, result.outcome);
   }
 
   /** Answers a call that did not go through, from grpc-proxy itself. */

@@ -98,8 +98,9 @@ export async function invoke(
     grant,
   );
   track(replica, p, windowSeconds);
+  ctx.span?.identify(p.requestId, functionId, version.functionVersionId);
   try {
-    p.seq = await replica.publisher!.publish(version.functionVersionId, p.requestId, data);
+    p.seq = await replica.publisher!.publish(version.functionVersionId, p.requestId, data, ctx.span);
   } catch (err) {
     replica.release(p);
     replica.metrics.invocations.inc({ outcome: "rejected" });

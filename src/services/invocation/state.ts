@@ -26,6 +26,7 @@ import type { ReplicaRegistry } from "../../plane/registry.js";
 import type { Relay } from "../../plane/relay.js";
 import { TokenTable } from "../../plane/tokens.js";
 import type { WorkPublisher } from "../../plane/work-queue.js";
+import type { Tracing } from "../../lib/tracing/index.js";
 import type { InvocationServiceOptions, PollSettings } from "./options.js";
 
 export type PendingState = "queued" | "responding" | "done";
@@ -117,6 +118,7 @@ export class ReplicaState {
   readonly inlineBodyMs: number;
   readonly bodyIdleMs: number;
   readonly metrics: InvocationMetrics;
+  readonly tracing: Tracing | undefined;
   // An attach token names the replica that holds it (the one that minted it: for a status poll,
   // the polling replica, not the request's first holder), so a callback that lands elsewhere can be
   // relayed to it.
@@ -152,6 +154,7 @@ export class ReplicaState {
     this.inlineBodyMs = opts.inlineBodyMs ?? 30_000;
     this.bodyIdleMs = opts.bodyIdleMs ?? 10_000;
     this.metrics = new InvocationMetrics(this.registry);
+    this.tracing = opts.tracing;
     this.tokens = new TokenTable(this.holderId);
     this.pendings = new PendingTable<Pending>(this.metrics.inFlight);
   }

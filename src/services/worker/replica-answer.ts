@@ -7,6 +7,7 @@ import { Readable } from "node:stream";
 import type { Dispatcher } from "undici";
 import { endToEndHeaders, prepend, serializeResponseHead } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
+import type { TraceSpan } from "../../lib/tracing/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkerError } from "./inference-call.js";
@@ -43,7 +44,12 @@ export function workerProblem(
 
 export class ReplicaAnswer {
   constructor(
-    private readonly deps: { cfg: WorkerConfig; logger: Logger; callbacks: CallbackClient },
+    private readonly deps: {
+      cfg: WorkerConfig;
+      logger: Logger;
+      callbacks: CallbackClient;
+      trace?: TraceSpan | undefined;
+    },
     private readonly requestId: string,
     /** The work item's abort signal: a cancel cuts a post on purpose. */
     private readonly signal: AbortSignal,
@@ -125,13 +131,13 @@ export class ReplicaAnswer {
     try {
       let res;
       try {
-        res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
+        res = await this.deps.callbacks.postResponse(target, body, length, this.signal, this.deps.trace);
       } catch (err) {
         // A kept-alive connection that its server (a draining proxy or replica) closed just as
         // this answer went out on it: the answer was never read. One in memory is sent again, on a
         // new connection; its single-use token makes a second delivery impossible.
         if (!(body instanceof Buffer) || this.signal.aborted || !closedUnanswered(err)) throw err;
-        res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
+        res = await this.deps.callbacks.postResponse(target, body, length, this.signal, this.deps.trace);
       }
       const text = await res.body.text();
       if (res.statusCode !== 200) {
