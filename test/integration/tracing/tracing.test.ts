@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { randomBytes } from "node:crypto";
 import { test } from "node:test";
-import { Metadata } from "@grpc/grpc-js";
+import type { Metadata } from "@grpc/grpc-js";
 import { handle as exampleHandler } from "../../../examples/inference-server.js";
 import { dashIp } from "../../../src/lib/net/index.js";
 import { ATTR, startTracing, type SpanRecord, type TracingSettings } from "../../../src/lib/tracing/index.js";
