@@ -17,6 +17,7 @@ import { benchScale, type ScaleBenchOptions } from "./scale.js";
 import { benchSse, type SseBenchOptions } from "./sse.js";
 import { benchStack, STACK_ROLES, type StackBenchOptions } from "./stack.js";
 import { benchStream, type StreamBenchOptions } from "./stream.js";
+import { benchTracing, type TracingBenchOptions } from "./tracing.js";
 import { ensureTool, versionOf } from "./tools.js";
 
 export interface Profile {
@@ -29,6 +30,7 @@ export interface Profile {
   grpc: GrpcBenchOptions;
   scale: ScaleBenchOptions;
   pending: PendingBenchOptions;
+  tracing: TracingBenchOptions;
 }
 
 const pendingDefaults = {
@@ -52,6 +54,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
     grpc: { seconds: 5, streams: 32, connections: 8, perConnection: 8, streamMiB: 64, rounds: 3 },
     scale: { seconds: 5, connections: 32, rounds: 3, replicas: [1, 2, 4], workers: 1, concurrency: 128 },
     pending: { ...pendingDefaults, checkpoints: [10_000, 30_000, 100_000], rampTimeoutSeconds: 300 },
+    tracing: { seconds: 5, connections: 32, workers: 1, concurrency: 128, rounds: 3 },
   },
   quick: {
     name: "quick",
@@ -63,6 +66,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
     grpc: { seconds: 2, streams: 32, connections: 8, perConnection: 8, streamMiB: 16, rounds: 2 },
     scale: { seconds: 3, connections: 32, rounds: 2, replicas: [1, 2, 4], workers: 1, concurrency: 128 },
     pending: { ...pendingDefaults, checkpoints: [2_000, 10_000], rampTimeoutSeconds: 120 },
+    tracing: { seconds: 3, connections: 32, workers: 1, concurrency: 128, rounds: 2 },
   },
 };
 
@@ -100,6 +104,13 @@ export function commandOf(name: keyof Omit<Profile, "name">, p: Profile): string
       checkpoints: "checkpoints",
       rampTimeoutSeconds: "ramp-timeout",
       memoryFloorMiB: "memory-floor-mib",
+    },
+    tracing: {
+      seconds: "seconds",
+      connections: "connections",
+      workers: "workers",
+      concurrency: "concurrency",
+      rounds: "rounds",
     },
   };
   const args = Object.entries(flags[name]).map(([k, f]) => {
@@ -241,6 +252,30 @@ function rowsInvoke(r: Result, o: InvokeBenchOptions): Row[] {
         runs: n,
       });
   }
+  return rows;
+}
+
+function rowsTracing(r: Result, o: TracingBenchOptions): Row[] {
+  const rounds = r.rounds;
+  const n = Array.isArray(rounds) ? rounds.length : 1;
+  const name = `1 KiB echo through the proxy, ${o.connections} connections: tracing on (ratio 1.0, spans to a file)`;
+  const rows: Row[] = [];
+  for (const [metric, field, unit] of [
+    ["invocations/s", "rps", "/s"],
+    ["p50 under load", "p50", "ms"],
+    ["p99 under load", "p99", "ms"],
+    ["CPU ms per invocation", "cpuMsPerInvocation.total", "ms"],
+  ] as const)
+    rows.push({
+      name,
+      metric,
+      value: num(get(r, `on.${field}`)),
+      unit,
+      baselineName: "the same chain with tracing off",
+      baseline: num(get(r, `off.${field}`)),
+      ratio: roundRatio(rounds, `on.${field}`, `off.${field}`),
+      runs: n,
+    });
   return rows;
 }
 
@@ -686,6 +721,17 @@ const SECTIONS: Section[] = [
     rows: (r, p) => rowsScale(r, p.scale),
   },
   {
+    key: "tracing",
+    title: "Tracing on (ratio 1.0) vs. off",
+    how: "Two of the HTTP section's chains side by side, the same but for tracing: off (nothing of OpenTelemetry loaded), and on as `npm start` runs it (`observability.tracing` on, ratio 1.0: every request recorded, every service and worker appending its spans to a span file). wrk loads the 1 KiB echo through the callback proxy on each in turn within every round (which goes first alternates). CPU per invocation is every process of the chain over the invocations completed. The issue's goal: at most 5% less throughput with tracing on.",
+    run: (p) => benchTracing(p.tracing),
+    rows: (r, p) => rowsTracing(r, p.tracing),
+    extra: (r) =>
+      typeof r.spanFileBytesPerInvocation === "number"
+        ? `- the span file grew by ${r.spanFileBytesPerInvocation} bytes per traced invocation`
+        : "",
+  },
+  {
     key: "pending",
     title: "Memory per pending (polled) request",
     how: "Requests that got their 202 (NVCF-POLL-SECONDS: 1) to the example server's /slow told to take two hours, each with a client long-polling `GET /status/{id}` on its own connection (raw sockets, client processes of their own). Each process's RSS is read at rest, then at each checkpoint once that many requests are held; per pending request = growth ÷ count. Requests are spread over replicas, inference servers and clients of at most 15,000 each (the machine's 20,000 open files per process) and workers of 1,024 slots each. A step that would leave the machine less than the memory floor is cut short, and says so. Rows come from the steps that held what they were asked to; a step whose ramp stopped short is in the lines below the table, with why. One ramp (runs = 1); the baseline is the same figure at the first checkpoint (a ratio near 1 means linear).",
@@ -751,6 +797,7 @@ const HEADLINE: Record<string, (r: Row) => boolean> = {
       (r.metric === "p50" && r.name.includes("one call at a time"))),
   scale: (r) => r.metric === "invocations/s",
   pending: (r) => r.name.includes("replicas + workers") || r.name.includes("nats-server"),
+  tracing: (r) => r.metric === "invocations/s" || r.metric === "CPU ms per invocation",
 };
 
 function render(profile: Profile, m: MachineInfo, outcomes: Record<string, Outcome>, totalS: number): string {

@@ -33,12 +33,10 @@ export function traceHttpServer(
   route: string,
 ): TraceSpan {
   const method = req.method ?? "GET";
-  const url = req.url ?? "/";
-  const q = url.indexOf("?");
+  // (no url.path: the route and the request's ids say it, and every attribute is written per span)
   const span = tracing.continueFrom(req.headers, `${method} ${route}`, SpanKind.SERVER, {
     "http.request.method": method,
     "http.route": route,
-    "url.path": q === -1 ? url : url.slice(0, q),
     "client.address": req.socket.remoteAddress,
   });
   res.once("close", () => {
@@ -70,7 +68,6 @@ export function tracePublish(
   const span = parent.child(`send ${workDestination(region, functionVersionId)}`, SpanKind.PRODUCER, {
     "messaging.system": MESSAGING_SYSTEM,
     "messaging.operation.type": "send",
-    "messaging.operation.name": "send",
     "messaging.destination.template": WORK_SUBJECT_TEMPLATE,
     "messaging.message.body.size": bytes,
     [ATTR.requestId]: requestId,
