@@ -679,6 +679,17 @@ const SECTIONS: Section[] = [
     rows: (r, p) => rowsInvoke(r, p.invoke),
   },
   {
+    key: "tracing",
+    title: "Tracing on (ratio 1.0) vs. off",
+    how: "Two of the HTTP section's chains side by side, the same but for tracing: off (nothing of OpenTelemetry loaded), and on as `npm start` runs it (`observability.tracing` on, ratio 1.0: every request recorded, every service and worker appending its spans to a span file). wrk loads the 1 KiB echo through the callback proxy on each in turn within every round (which goes first alternates). CPU per invocation is every process of the chain over the invocations completed. The issue's goal: at most 5% less throughput with tracing on.",
+    run: (p) => benchTracing(p.tracing),
+    rows: (r, p) => rowsTracing(r, p.tracing),
+    extra: (r) =>
+      typeof r.spanFileBytesPerInvocation === "number"
+        ? `- the span file grew by ${r.spanFileBytesPerInvocation} bytes per traced invocation`
+        : "",
+  },
+  {
     key: "stack",
     title: "The plane as `npm start` runs it: the whole local stack vs. a plain Node echo server",
     how: "A whole stack started as `npm start` starts it (`node dist/src/stack/main.js --config <file>`; the file sets only addresses and the data folder, every other key is the default: two invocation replicas, the demo's five instances (two of demo-echo), the callback proxy, NATS with TLS and auth, logging at info), beside a plain Node echo server started in the same run (the baseline of `../shared/checks/S-speed.sh`). wrk sends S-speed.sh's 1 KiB JSON POST to demo-echo on the first replica, at 1 and at N connections. CPU per invocation is utime + stime from /proc over the load, for every process of the stack (the tree below the stack's process), by role, over the invocations completed; at rest is the same with nothing invoked. The streamed body is random bytes written in 64 KiB pieces without a length (chunked) from a Node client, echoed by demo-echo, SHA-256 compared; peak RSS is each process's VmHWM during the transfer (reset just before), and the sum of every process's growth. Compare with the HTTP section above: the bench's own chain (one replica, one worker, no idle services, services at log level warn).",
@@ -719,17 +730,6 @@ const SECTIONS: Section[] = [
     how: "One chain with four invocation replicas (proxy on) and one worker; each measurement loads the first N replicas at once with one wrk per replica, the connections split evenly (clients spread over replicas as by a Service). Throughput is the sum; p50 the median of the generators' p50s; p99 the worst generator's p99. On two cores every replica shares them with everything else: this shows what replicas cost more than what they add.",
     run: (p) => benchScale(p.scale),
     rows: (r, p) => rowsScale(r, p.scale),
-  },
-  {
-    key: "tracing",
-    title: "Tracing on (ratio 1.0) vs. off",
-    how: "Two of the HTTP section's chains side by side, the same but for tracing: off (nothing of OpenTelemetry loaded), and on as `npm start` runs it (`observability.tracing` on, ratio 1.0: every request recorded, every service and worker appending its spans to a span file). wrk loads the 1 KiB echo through the callback proxy on each in turn within every round (which goes first alternates). CPU per invocation is every process of the chain over the invocations completed. The issue's goal: at most 5% less throughput with tracing on.",
-    run: (p) => benchTracing(p.tracing),
-    rows: (r, p) => rowsTracing(r, p.tracing),
-    extra: (r) =>
-      typeof r.spanFileBytesPerInvocation === "number"
-        ? `- the span file grew by ${r.spanFileBytesPerInvocation} bytes per traced invocation`
-        : "",
   },
   {
     key: "pending",

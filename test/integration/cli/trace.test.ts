@@ -76,7 +76,7 @@ test("callplane trace shows a request's spans from a span file as a timeline", a
   const rows = lines.slice(2);
   assert.equal(rows.length, 6);
   // tree order, each child indented under its parent
-  const names = rows.map((l) => /\|[ #]+\|  (.*)$/.exec(l)?.[1]);
+  const names = rows.map((l) => /\|[ #]+\| {2}(.*)$/.exec(l)?.[1]);
   assert.deepEqual(names, [
     "POST /v2/nvcf/pexec/functions/:fid",
     `  send rq.local.${FVID}.*`,
@@ -122,7 +122,7 @@ test("callplane trace finds the span file the local stack names in stack.json, a
   assert.equal(r.code, 0, r.stderr);
   assert.match(r.stdout, new RegExp(`^trace ${clientTrace} `));
   // the client's own span is not in the file: the replica's span is the root shown
-  assert.match(r.stdout.split("\n")[2], /\|  POST \/v2\/nvcf\/pexec\/functions\/:fid$/);
+  assert.match(r.stdout.split("\n")[2], /\| {2}POST \/v2\/nvcf\/pexec\/functions\/:fid$/);
 });
 
 test("callplane trace refuses what it cannot show, saying why", async (t) => {
