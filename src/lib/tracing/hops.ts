@@ -219,6 +219,10 @@ export function traceTunnel(tracing: Tracing, req: IncomingMessage): void {
   const id = first(req.headers["x-request-id"]);
   if (id) span.identify(id);
   tunnelSpans.set(req, span);
+  // a tunnel whose connection ends unanswered (a relay that failed to connect) still ends its span
+  req.socket.once("close", () =>
+    tunnelAnswered(req, "closed", { err: "the connection closed before an answer" }),
+  );
 }
 
 /** The CONNECT was answered: `result` as tunnels count it (ok, relayed, bad_token, ...); `err` if refused. */
