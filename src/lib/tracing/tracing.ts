@@ -162,10 +162,7 @@ export class Tracing {
 
   /** A span whose parent is `parent` (ROOT_CONTEXT: a new trace). */
   start(name: string, kind: SpanKind, parent: Context, attributes?: Attributes, links?: Link[]): TraceSpan {
-    return new TraceSpan(
-      this,
-      this.tracer.startSpan(name, { kind, attributes, ...(links ? { links } : {}) }, parent),
-    );
+    return new TraceSpan(this, this.tracer.startSpan(name, { kind, attributes, links }, parent));
   }
 
   /** The context a traceparent header names (a client's, a worker's), or none: a new trace. */
@@ -246,13 +243,19 @@ export class Tracing {
 export class TraceSpan {
   /** The request this span is part of (identify()); its children inherit it. */
   private ids: [string, string | undefined, string | undefined] | undefined;
+  /** Whether its request's log lines name its trace (identify(); its children leave that to it). */
   private live = false;
   private ended = false;
+  /** Recorded (sampled): worth attributes. */
+  readonly recording: boolean;
+  private ctx: Context | undefined;
 
   constructor(
     readonly tracing: Tracing,
     readonly span: Span,
-  ) {}
+  ) {
+    this.recording = (span.spanContext().traceFlags & TraceFlags.SAMPLED) !== 0;
+  }
 
   /** The request id identify() gave it (or its parent). */
   get requestId(): string | undefined {
@@ -267,19 +270,14 @@ export class TraceSpan {
     return this.span.spanContext().spanId;
   }
 
-  /** Recorded (sampled): worth attributes. */
-  get recording(): boolean {
-    return (this.span.spanContext().traceFlags & TraceFlags.SAMPLED) !== 0;
-  }
-
   /** This span as the parent of others. */
   get context(): Context {
-    return trace.setSpan(ROOT_CONTEXT, this.span);
+    return (this.ctx ??= trace.setSpan(ROOT_CONTEXT, this.span));
   }
 
   /** A span under this one, part of the same request. */
   child(name: string, kind: SpanKind, attributes?: Attributes, links?: Link[]): TraceSpan {
-    return this.inherit(this.tracing.start(name, kind, this.context, attributes, links));
+    return this.inherit(this.tracing.start(name, kind, this.context, this.withIds(attributes), links));
   }
 
   /**
@@ -291,12 +289,24 @@ export class TraceSpan {
     const parent = this.tracing.extract(headers);
     if (!trace.getSpanContext(parent)) return this.child(name, kind, attributes);
     return this.inherit(
-      this.tracing.start(name, kind, parent, attributes, [{ context: this.span.spanContext() }]),
+      this.tracing.start(name, kind, parent, this.withIds(attributes), [
+        { context: this.span.spanContext() },
+      ]),
     );
   }
 
+  /** A child's attributes with this span's request ids: given at the start, checked once by the SDK. */
+  private withIds(attributes: Attributes | undefined): Attributes | undefined {
+    const ids = this.ids;
+    if (!ids) return attributes;
+    const a: Attributes = { ...attributes, [ATTR.requestId]: ids[0] };
+    if (ids[1]) a[ATTR.functionId] = ids[1];
+    if (ids[2]) a[ATTR.functionVersionId] = ids[2];
+    return a;
+  }
+
   private inherit(s: TraceSpan): TraceSpan {
-    if (this.ids) s.identify(...this.ids);
+    s.ids = this.ids;
     return s;
   }
 
