@@ -38,6 +38,8 @@ export interface ChainOptions {
   concurrency: number;
   /** Extra environment for the worker agents. */
   workerEnv?: NodeJS.ProcessEnv;
+  /** Extra environment for callplane's services (configuration overrides, CALLPLANE__...). */
+  serviceEnv?: NodeJS.ProcessEnv;
   /**
    * Also a gRPC function: the example gRPC server, `grpcWorkers` worker agents for it, and one
    * grpc-proxy replica whose workers open their tunnels through the callback proxy (as `npm start`
@@ -197,6 +199,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     CALLPLANE__ADMIN_ISSUER_PROXY__ENABLED: "false",
     CALLPLANE__GRPCPROXY__RELAY__ENABLED: "false",
     CALLPLANE__GRPCPROXY__WORKER_TLS_PORT: String(grpcTlsPort),
+    ...o.serviceEnv,
   };
   // each service's log goes to <dir>/logs/<name>.log (CALLPLANE_BENCH_KEEP=1 keeps the folder)
   mkdirSync(join(dir, "logs"), { recursive: true });

@@ -17,6 +17,7 @@ import { benchScale, type ScaleBenchOptions } from "./scale.js";
 import { benchSse, type SseBenchOptions } from "./sse.js";
 import { benchStack, STACK_ROLES, type StackBenchOptions } from "./stack.js";
 import { benchStream, type StreamBenchOptions } from "./stream.js";
+import { benchTracing, type TracingBenchOptions } from "./tracing.js";
 import { ensureTool, versionOf } from "./tools.js";
 
 export interface Profile {
@@ -29,6 +30,7 @@ export interface Profile {
   grpc: GrpcBenchOptions;
   scale: ScaleBenchOptions;
   pending: PendingBenchOptions;
+  tracing: TracingBenchOptions;
 }
 
 const pendingDefaults = {
@@ -52,6 +54,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
     grpc: { seconds: 5, streams: 32, connections: 8, perConnection: 8, streamMiB: 64, rounds: 3 },
     scale: { seconds: 5, connections: 32, rounds: 3, replicas: [1, 2, 4], workers: 1, concurrency: 128 },
     pending: { ...pendingDefaults, checkpoints: [10_000, 30_000, 100_000], rampTimeoutSeconds: 300 },
+    tracing: { seconds: 5, connections: 32, workers: 1, concurrency: 128, rounds: 3 },
   },
   quick: {
     name: "quick",
@@ -63,6 +66,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
     grpc: { seconds: 2, streams: 32, connections: 8, perConnection: 8, streamMiB: 16, rounds: 2 },
     scale: { seconds: 3, connections: 32, rounds: 2, replicas: [1, 2, 4], workers: 1, concurrency: 128 },
     pending: { ...pendingDefaults, checkpoints: [2_000, 10_000], rampTimeoutSeconds: 120 },
+    tracing: { seconds: 3, connections: 32, workers: 1, concurrency: 128, rounds: 2 },
   },
 };
 
@@ -100,6 +104,13 @@ export function commandOf(name: keyof Omit<Profile, "name">, p: Profile): string
       checkpoints: "checkpoints",
       rampTimeoutSeconds: "ramp-timeout",
       memoryFloorMiB: "memory-floor-mib",
+    },
+    tracing: {
+      seconds: "seconds",
+      connections: "connections",
+      workers: "workers",
+      concurrency: "concurrency",
+      rounds: "rounds",
     },
   };
   const args = Object.entries(flags[name]).map(([k, f]) => {
@@ -241,6 +252,30 @@ function rowsInvoke(r: Result, o: InvokeBenchOptions): Row[] {
         runs: n,
       });
   }
+  return rows;
+}
+
+function rowsTracing(r: Result, o: TracingBenchOptions): Row[] {
+  const rounds = r.rounds;
+  const n = Array.isArray(rounds) ? rounds.length : 1;
+  const name = `1 KiB echo through the proxy, ${o.connections} connections: tracing on (ratio 1.0, spans to a file)`;
+  const rows: Row[] = [];
+  for (const [metric, field, unit] of [
+    ["invocations/s", "rps", "/s"],
+    ["p50 under load", "p50", "ms"],
+    ["p99 under load", "p99", "ms"],
+    ["CPU ms per invocation", "cpuMsPerInvocation.total", "ms"],
+  ] as const)
+    rows.push({
+      name,
+      metric,
+      value: num(get(r, `on.${field}`)),
+      unit,
+      baselineName: "the same chain with tracing off",
+      baseline: num(get(r, `off.${field}`)),
+      ratio: roundRatio(rounds, `on.${field}`, `off.${field}`),
+      runs: n,
+    });
   return rows;
 }
 
@@ -644,6 +679,17 @@ const SECTIONS: Section[] = [
     rows: (r, p) => rowsInvoke(r, p.invoke),
   },
   {
+    key: "tracing",
+    title: "Tracing on (ratio 1.0) vs. off",
+    how: "Two of the HTTP section's chains side by side, the same but for tracing: off (nothing of OpenTelemetry loaded), and on as `npm start` runs it (`observability.tracing` on, ratio 1.0: every request recorded, every service and worker appending its spans to a span file). wrk loads the 1 KiB echo through the callback proxy on each in turn within every round (which goes first alternates). CPU per invocation is every process of the chain over the invocations completed. The issue's goal: at most 5% less throughput with tracing on.",
+    run: (p) => benchTracing(p.tracing),
+    rows: (r, p) => rowsTracing(r, p.tracing),
+    extra: (r) =>
+      typeof r.spanFileBytesPerInvocation === "number"
+        ? `- the span file grew by ${r.spanFileBytesPerInvocation} bytes per traced invocation`
+        : "",
+  },
+  {
     key: "stack",
     title: "The plane as `npm start` runs it: the whole local stack vs. a plain Node echo server",
     how: "A whole stack started as `npm start` starts it (`node dist/src/stack/main.js --config <file>`; the file sets only addresses and the data folder, every other key is the default: two invocation replicas, the demo's five instances (two of demo-echo), the callback proxy, NATS with TLS and auth, logging at info), beside a plain Node echo server started in the same run (the baseline of `../shared/checks/S-speed.sh`). wrk sends S-speed.sh's 1 KiB JSON POST to demo-echo on the first replica, at 1 and at N connections. CPU per invocation is utime + stime from /proc over the load, for every process of the stack (the tree below the stack's process), by role, over the invocations completed; at rest is the same with nothing invoked. The streamed body is random bytes written in 64 KiB pieces without a length (chunked) from a Node client, echoed by demo-echo, SHA-256 compared; peak RSS is each process's VmHWM during the transfer (reset just before), and the sum of every process's growth. Compare with the HTTP section above: the bench's own chain (one replica, one worker, no idle services, services at log level warn).",
@@ -751,6 +797,7 @@ const HEADLINE: Record<string, (r: Row) => boolean> = {
       (r.metric === "p50" && r.name.includes("one call at a time"))),
   scale: (r) => r.metric === "invocations/s",
   pending: (r) => r.name.includes("replicas + workers") || r.name.includes("nats-server"),
+  tracing: (r) => r.metric === "invocations/s" || r.metric === "CPU ms per invocation",
 };
 
 function render(profile: Profile, m: MachineInfo, outcomes: Record<string, Outcome>, totalS: number): string {

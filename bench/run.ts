@@ -3,6 +3,8 @@
 // `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets|kubernetes [options]`: one benchmark alone
 // `npm run bench -- stack [--seconds N] [--connections N] [--rounds N] [--mib N] [--idle-seconds N] [--log-level L]`:
 //   the stack as `npm start` runs it (bench/stack.ts)
+// `npm run bench -- tracing [--seconds N] [--connections N] [--workers N] [--concurrency N] [--rounds N]`:
+//   throughput and CPU with tracing on (ratio 1.0) against off, in one run (bench/tracing.ts)
 // `npm run bench -- all [--quick] [--only invoke,proxy] [--out FILE]`: the report, or part of it
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -18,6 +20,7 @@ import { benchSecrets } from "./secrets.js";
 import { benchSse } from "./sse.js";
 import { benchStack, STACK_ROLES } from "./stack.js";
 import { benchStream } from "./stream.js";
+import { benchTracing } from "./tracing.js";
 
 /** A command line no benchmark matches: said in one line, without a stack. */
 class UsageError extends Error {}
@@ -77,6 +80,33 @@ async function main(): Promise<void> {
         `  ${name.padEnd(16)} 1 client: p50 ${l[name].p50} ms p99 ${l[name].p99} ms${name === "direct" ? "" : ` (added p50 ${l.addedP50ms[name]} ms)`} | ${flag("connections", 32)} clients: ${Math.round(t[name].rps)}/s p50 ${t[name].p50} ms p99 ${t[name].p99} ms${t[name].errors ? ` errors ${t[name].errors}` : ""}${name === "direct" ? "" : ` (${t.ratio[name]}x direct)`} | CPU ms/invocation: ${cpu}`,
       );
     }
+  } else if (which === "tracing") {
+    result = await benchTracing({
+      seconds: flag("seconds", 10),
+      connections: flag("connections", 32),
+      workers: flag("workers", 1),
+      concurrency: flag("concurrency", 128),
+      rounds: flag("rounds", 3),
+    });
+    type M = { rps: number; p50: number; p99: number; cpuMsPerInvocation: Record<string, number> };
+    const off = result.off as M;
+    const on = result.on as M;
+    const r = result.ratios as Record<string, number>;
+    console.log(`\ntracing benchmark (1 KiB echo through the callback proxy), ${String(result.machine)}`);
+    for (const [name, m] of [
+      ["tracing off", off],
+      ["tracing on (1.0)", on],
+    ] as const)
+      console.log(
+        `  ${name.padEnd(17)} ${Math.round(m.rps)}/s p50 ${m.p50} ms p99 ${m.p99} ms | CPU ms/invocation: ${Object.entries(
+          m.cpuMsPerInvocation,
+        )
+          .map(([k, v]) => `${k} ${v}`)
+          .join(", ")}`,
+      );
+    console.log(
+      `  on/off: throughput ${r.rps}x, p50 ${r.p50}x, CPU per invocation ${r.cpuPerInvocation}x; span file ${String(result.spanFileBytesPerInvocation)} bytes per invocation`,
+    );
   } else if (which === "stack") {
     const logLevel = text("log-level");
     result = await benchStack({

@@ -6,7 +6,8 @@
 //   Bidi          each message back as it comes (after delay_ms)
 // Metadata: `x-echo-status: <code>` ends the call with that gRPC status (message "x-echo-status
 // asked for <code>", trailing metadata x-echo-error: yes); `x-echo-meta: v` comes back as initial
-// metadata `x-echo-meta-received: v`; every answer ends with trailing metadata `x-echo-trailer: done`.
+// metadata `x-echo-meta-received: v`, and the W3C `traceparent` the server got (the worker's span,
+// with tracing on) as `x-echo-traceparent`; every answer ends with trailing metadata `x-echo-trailer: done`.
 // It counts calls that their client cancelled (stats.cancelled). Listens on --listen host:port or
 // INFERENCE_HOST:INFERENCE_PORT (default 127.0.0.1:8000).
 import { create } from "@bufbuild/protobuf";
@@ -59,6 +60,8 @@ function begin(call: AnyCall): void {
   const m = new Metadata();
   const echo = call.metadata.get("x-echo-meta")[0];
   if (echo !== undefined) m.set("x-echo-meta-received", String(echo));
+  const traceparent = call.metadata.get("traceparent")[0];
+  if (traceparent !== undefined) m.set("x-echo-traceparent", String(traceparent));
   call.sendMetadata(m);
 }
 

@@ -17,6 +17,7 @@ import { registerRender } from "./commands/render.js";
 import { registerSecret } from "./commands/secret.js";
 import { registerSecrets } from "./commands/secrets.js";
 import { registerStatus } from "./commands/status.js";
+import { registerTrace } from "./commands/trace.js";
 import { printJson, reportError } from "./output.js";
 import { DEFAULT_API_URL, DEFAULT_ISSUER_URL, type GlobalOptions } from "./settings.js";
 
@@ -105,6 +106,7 @@ export function buildProgram(): Command {
   registerCluster(program);
   registerAccount(program);
   registerInvoke(program);
+  registerTrace(program);
   registerSecret(program);
   registerSecrets(program);
   registerAdmin(program);

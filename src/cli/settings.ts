@@ -58,6 +58,8 @@ const stackFileSchema = z.looseObject({
   dataDir: z.string(),
   startedAt: z.string().optional(),
   compute: z.string().optional(),
+  /** Where the stack's spans are (observability.tracing): a span file, a trace query API. */
+  tracing: z.looseObject({ file: z.string().optional(), queryUrl: z.string().optional() }).optional(),
   demo: z
     .looseObject({
       apiKey: z.string().optional(),

@@ -8,6 +8,8 @@ export interface LogOptions {
   destination?: number | string;
   /** Write each line before returning (tests that read the file right away); async by default. */
   sync?: boolean;
+  /** Fields added to each line from the line's own (the trace id of a request that has a span). */
+  mixin?: (obj: object) => object;
 }
 
 /** Lines are written in batches of up to this many bytes, and at most FLUSH_MS after they were logged. */
@@ -42,6 +44,7 @@ export function createLogger(service: string, opts: LogOptions = {}): Logger {
       base: { service, pid: process.pid },
       timestamp: pino.stdTimeFunctions.isoTime,
       formatters: { level: (label) => ({ level: label }) },
+      ...(opts.mixin ? { mixin: opts.mixin } : {}),
     },
     dest,
   );

@@ -9,6 +9,7 @@ import { CallplaneError } from "../lib/errors.js";
 import { forward, forwardHeaders } from "../lib/http/index.js";
 import { holderHex } from "../lib/ids.js";
 import type { Logger } from "../lib/log.js";
+import { ATTR, traceRelay, type TraceSpan } from "../lib/tracing/index.js";
 import type { ReplicaRegistry } from "./registry.js";
 import { ATTACH_PATH } from "../lib/contract.js";
 
@@ -30,8 +31,11 @@ export class Relay {
     private readonly logger: Logger,
   ) {}
 
-  /** Forwards the callback to the replica that holds it; throws HOLDER_GONE when there is none. */
-  async forward(req: IncomingMessage, res: ServerResponse, holder: number): Promise<void> {
+  /**
+   * Forwards the callback to the replica that holds it; throws HOLDER_GONE when there is none.
+   * With `span` (the callback's), the relay is a span of its own under it.
+   */
+  async forward(req: IncomingMessage, res: ServerResponse, holder: number, span?: TraceSpan): Promise<void> {
     const started = performance.now();
     const entry = await this.registry.lookup(holder);
     if (!entry) {
@@ -42,6 +46,7 @@ export class Relay {
     }
     const headers = forwardHeaders(req, PROTECTED, DROP);
     headers[RELAYED_HEADER] = holderHex(this.self);
+    const relaySpan = span && traceRelay(span, req, holderHex(holder), entry.relayUrl, headers);
     const r = await forward(req, res, {
       dispatcher: this.agent,
       origin: entry.relayUrl,
@@ -59,6 +64,10 @@ export class Relay {
               `relaying to the replica ${holderHex(holder)} failed: ${result.reason ?? result.error?.message ?? "unknown error"}`,
             ),
     });
+    relaySpan
+      ?.set("http.response.status_code", r.status || undefined)
+      .set(ATTR.outcome, r.outcome)
+      .end(r.outcome === "forwarded" ? undefined : (r.error ?? r.reason ?? r.outcome));
     this.logger.info(
       {
         holder: holderHex(holder),

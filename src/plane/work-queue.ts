@@ -4,11 +4,12 @@
 // version's workers, and the removal of the message if no worker took it yet). The invocation
 // service and grpc-proxy share it.
 import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
-import type { NatsConnection } from "@nats-io/transport-node";
+import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import { CallplaneError } from "../lib/errors.js";
 import type { Logger } from "../lib/log.js";
+import { tracePublish, type TraceSpan } from "../lib/tracing/index.js";
 import {
   WorkQueues,
   classifyPublishError,
@@ -61,9 +62,27 @@ export class WorkPublisher {
 
   /**
    * Puts the request on its version's queue; resolves with the message's stream sequence (what
-   * `cancel` removes it by), or undefined when the stream already held a message for the id.
+   * `cancel` removes it by), or undefined when the stream already held a message for the id. With
+   * `parent` (the request's span), the publish is a span of its own under it, whose context the
+   * message carries in its headers (W3C trace context) to the worker.
    */
-  async publish(fvid: string, requestId: string, data: Uint8Array): Promise<number | undefined> {
+  async publish(
+    fvid: string,
+    requestId: string,
+    data: Uint8Array,
+    parent?: TraceSpan,
+  ): Promise<number | undefined> {
+    if (!parent) return this.send(fvid, requestId, data, undefined);
+    const { span, headers } = tracePublish(parent, this.region, fvid, requestId, data.length);
+    return span.until(this.send(fvid, requestId, data, headers));
+  }
+
+  private async send(
+    fvid: string,
+    requestId: string,
+    data: Uint8Array,
+    headers: MsgHdrs | undefined,
+  ): Promise<number | undefined> {
     // A replicated queue (a NATS cluster) loses its leader when a node goes, and answers nothing
     // (or "no responders") until the others elect a new one, in a few seconds: an unconfirmed
     // publish is sent again for up to REPLICATED_RETRY_MS. Sending again is safe: the stream keeps
@@ -76,8 +95,8 @@ export class WorkPublisher {
         // below) without a header and a dedupe-window entry on every message.
         const subject = subjects.work(this.region, fvid, requestId);
         return this.replies
-          ? (await publishToStream(this.replies, subject, data)).seq
-          : (await this.js.publish(subject, data)).seq;
+          ? (await publishToStream(this.replies, subject, data, undefined, headers)).seq
+          : (await this.js.publish(subject, data, headers ? { headers } : undefined)).seq;
       } catch (err) {
         const kind = classifyPublishError(err);
         if (kind === "duplicate") return undefined;

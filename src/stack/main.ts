@@ -1,6 +1,6 @@
 // `npm start`: runs a whole callplane stack on this machine and keeps it serving until Ctrl-C.
 import { existsSync } from "node:fs";
-import { resolve } from "node:path";
+import { join, resolve } from "node:path";
 import {
   ConfigError,
   loadConfig,
@@ -156,14 +156,32 @@ async function main(): Promise<void> {
     config.invocation.metricsOnClientPort === null
       ? { CALLPLANE__INVOCATION__METRICS_ON_CLIENT_PORT: "true" }
       : {};
+  // Tracing: unset in the file (observability.tracing.enabled: null), the stack turns it on for its
+  // own services and workers, with spans in a file under the data folder that `callplane trace` reads.
+  const tracing = config.observability.tracing;
+  const spanFile =
+    tracing.enabled === false
+      ? undefined
+      : tracing.file || (tracing.enabled === null ? join(stack.dataDir, "traces", "spans.jsonl") : undefined);
+  const tracingEnv: Record<string, string> =
+    tracing.enabled === null
+      ? {
+          CALLPLANE__OBSERVABILITY__TRACING__ENABLED: "true",
+          ...(tracing.file ? {} : { CALLPLANE__OBSERVABILITY__TRACING__FILE: spanFile! }),
+        }
+      : {};
   for (const [i, ip] of replicaIps.entries()) {
-    const urls = await stack.startService(`invocation-${i + 1}`, "invocation", { POD_IP: ip, ...metricsEnv });
+    const urls = await stack.startService(`invocation-${i + 1}`, "invocation", {
+      POD_IP: ip,
+      ...metricsEnv,
+      ...tracingEnv,
+    });
     invocation.push(urls.invocation);
     say(`invocation-${i + 1}  ${urls.invocation}   (workers call back at ${urls.target})`);
   }
   const grpcUrls: string[] = [];
   for (const [i, ip] of grpcIps.entries()) {
-    const urls = await stack.startService(`grpc-proxy-${i + 1}`, "grpc-proxy", { POD_IP: ip });
+    const urls = await stack.startService(`grpc-proxy-${i + 1}`, "grpc-proxy", { POD_IP: ip, ...tracingEnv });
     grpcUrls.push(urls.grpc);
     say(`grpc-proxy-${i + 1}  ${urls.grpc}   (workers open tunnels at ${urls.connectUri})`);
   }
@@ -177,7 +195,7 @@ async function main(): Promise<void> {
   // instances created from now on are this start's own: rows left by a stack that was killed
   // without stopping may still say ACTIVE
   const computeStarted = new Date();
-  const compute = (await stack.startService("compute", "compute")).compute;
+  const compute = (await stack.startService("compute", "compute", tracingEnv)).compute;
   say(`compute       ${compute}   (local backend: instances on ${config.compute.instanceNetwork})`);
 
   const demo = await ensureDemo({
@@ -194,6 +212,10 @@ async function main(): Promise<void> {
   say(
     `demo: invoked ${demo.httpFunctionName} through ${invocation[0]} -> ${answer.status} ${answer.body}  (NVCF-REQID ${answer.requestId})`,
   );
+  if (spanFile || tracing.queryUrl)
+    say(
+      `demo: its trace, hop by hop: bin/callplane trace ${answer.requestId}   (spans in ${spanFile ?? tracing.queryUrl})`,
+    );
 
   if (grpcUrls.length) {
     const g = await invokeDemoGrpc(grpcUrls[0], demo, "hello over gRPC");
@@ -231,6 +253,14 @@ async function main(): Promise<void> {
     ...(proxyUrl ? { proxy: proxyUrl, workerDomain: proxy.workerDomain } : {}),
     dataDir: stack.dataDir,
     logs: stack.logDir,
+    ...(spanFile || tracing.queryUrl
+      ? {
+          tracing: {
+            ...(spanFile ? { file: spanFile } : {}),
+            ...(tracing.queryUrl ? { queryUrl: tracing.queryUrl } : {}),
+          },
+        }
+      : {}),
     startedAt: new Date().toISOString(),
     pid: process.pid,
     demo: {

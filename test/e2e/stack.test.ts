@@ -17,7 +17,7 @@ import { waitFor as poll } from "../testkit/client.js";
 import { plainClient } from "../testkit/trust.js";
 import { descendants, lifo, running } from "../testkit/proc.js";
 import { setTimeout as sleep } from "node:timers/promises";
-import { call, tmpDir } from "../testkit/index.js";
+import { call, runCli, tmpDir } from "../testkit/index.js";
 import {
   runStack,
   stackProcesses,
@@ -211,6 +211,55 @@ test("local stack", async (t) => {
         return /^HTTP\/1\.1 200 /.test(r) ? r : undefined;
       });
       assert.match(answer, /\{"done":true,"seconds":6\}/);
+    },
+  );
+
+  await t.test(
+    "tracing is on: a client's traceparent is continued, and callplane trace shows the request's spans",
+    async () => {
+      assert.ok(info, "the stack came up");
+      const traceId = randomUUID().replaceAll("-", "");
+      const res = await fetch(`${info.invocation[0]}/v2/nvcf/pexec/functions/${info.demo.httpFunctionId}`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${info.demo.apiKey}`,
+          "content-type": "application/json",
+          traceparent: `00-${traceId}-00f067aa0ba902b7-01`,
+        },
+        body: '{"traced":true}',
+      });
+      assert.equal(res.status, 200, await res.text());
+      const reqId = res.headers.get("nvcf-reqid")!;
+      assert.equal(
+        (info as { tracing?: { file?: string } }).tracing?.file,
+        join(cfg.dataDir, "traces", "spans.jsonl"),
+      );
+      // as a user runs it, in the stack's folder (here the data folder is elsewhere: named by the variable)
+      const r = await runCli(["trace", reqId, "--wait", "20"], {
+        cwd: dir,
+        env: { CALLPLANE__GLOBAL__DATA_DIR: cfg.dataDir },
+      });
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, new RegExp(`^trace ${traceId} `));
+      for (const span of [
+        /invocation\s+\|[# ]+\| {2}POST \/v2\/nvcf\/pexec\/functions\/:fid$/m,
+        /invocation\s+\|[# ]+\| {4}send rq\./m,
+        /worker\s+\|[# ]+\| {6}process rq\./m,
+        /worker\s+\|[# ]+\| {8}POST \/echo$/m,
+        /worker\s+\|[# ]+\| {8}POST request-attach$/m,
+        /invocation\s+\|[# ]+\| {10}POST \/v2\/nvcf\/worker\/request-attach$/m,
+      ])
+        assert.match(r.stdout, span);
+      // the callback proxy's access line carries the trace id of the worker's callback
+      await poll(
+        "the proxy's access line with the trace id",
+        () =>
+          readFileSync(join(cfg.dataDir, "logs", "callback-proxy.log"), "utf8").includes(
+            `"traceId":"${traceId}"`,
+          ),
+        10_000,
+      );
+      assert.match(first.output(), /demo: its trace, hop by hop: bin\/callplane trace [0-9a-f-]{36}/);
     },
   );
 

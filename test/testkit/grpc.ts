@@ -20,6 +20,7 @@ import { Echo, EchoMessageSchema, type EchoMessage } from "../../src/gen/callpla
 import { UNLIMITED_MESSAGES, grpcDefinition } from "../../src/lib/grpc/index.js";
 import { createLogger, type Logger } from "../../src/lib/log.js";
 import { DEFAULT_QUEUE_LIMITS } from "../../src/lib/nats/index.js";
+import { startTracing } from "../../src/lib/tracing/index.js";
 import {
   createGrpcProxy,
   type GrpcProxy,
@@ -75,8 +76,15 @@ export async function startGrpcPlane(t: Ctx, opts: GrpcPlaneOptions = {}): Promi
   t.after(() => server.forceShutdown());
   const dir = mkdtempSync(join(tmpdir(), "callplane-grpc-"));
   const logFile = (name: string) => join(dir, `${name}.log`);
-  const fileLogger = (name: string): Logger | undefined =>
-    opts.logs ? createLogger(name, { destination: logFile(name), sync: true, level: "info" }) : undefined;
+  const fileLogger = (name: string, mixin?: (o: object) => object): Logger | undefined =>
+    opts.logs
+      ? createLogger(name, {
+          destination: logFile(name),
+          sync: true,
+          level: "info",
+          ...(mixin ? { mixin } : {}),
+        })
+      : undefined;
   const proxies: GrpcPlane["proxies"] = [];
   for (const [i, host] of (opts.hosts ?? ["127.0.70.1"]).entries()) {
     const logger = fileLogger(`proxy-${i}`);
@@ -128,8 +136,13 @@ export async function startGrpcPlane(t: Ctx, opts: GrpcPlaneOptions = {}): Promi
         ...opts.workerEnv,
         ...env,
       });
-      const logger = fileLogger(`worker-${k}`);
-      const agent = createWorkerAgent(cfg, logger ? { logger } : {});
+      // as the worker's main does: CALLPLANE_TRACING_* in its environment turn tracing on, and
+      // its log lines about a request with a span carry the trace id
+      const tracing =
+        cfg.tracing && (await startTracing({ service: "worker", settings: cfg.tracing, exportDelayMs: 100 }));
+      if (tracing) t.after(() => tracing.shutdown());
+      const logger = fileLogger(`worker-${k}`, tracing?.logMixin);
+      const agent = createWorkerAgent(cfg, { ...(logger ? { logger } : {}), tracing });
       await agent.start();
       t.after(() => agent.destroy());
       workers.push(agent);

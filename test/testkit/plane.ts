@@ -11,6 +11,7 @@ import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { writeFileAtomic } from "../../src/lib/fs.js";
 import { createLogger, type Logger } from "../../src/lib/log.js";
 import { createRegistry, type Registry } from "../../src/lib/metrics.js";
+import { startTracing } from "../../src/lib/tracing/index.js";
 import { dashIp } from "../../src/lib/net/index.js";
 import { TLS_FILES, TlsReloader } from "../../src/lib/tls/index.js";
 import { DEFAULT_QUEUE_LIMITS, type QueueLimits } from "../../src/lib/nats/index.js";
@@ -195,7 +196,7 @@ export interface PlaneOptions {
    * replica gets a TLS worker listener with a certificate for its pod name, workers get the proxy
    * address and the test CA.
    */
-  proxy?: boolean | { host?: string };
+  proxy?: boolean | { host?: string; podPort?: number };
   /** Replicas, workers and the proxy log JSON lines to files that `plane.logs()` reads. */
   logs?: boolean;
   workers?: number;
@@ -268,8 +269,15 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
   const queue = { ...DEFAULT_QUEUE_LIMITS, ...opts.queue };
   const logDir = opts.logs ? scratchDir("callplane-logs-") : undefined;
   const logFile = (name: string) => join(logDir!.dir, `${name}.log`);
-  const fileLogger = (name: string): Logger | undefined =>
-    logDir ? createLogger(name, { destination: logFile(name), sync: true, level: "info" }) : undefined;
+  const fileLogger = (name: string, mixin?: (o: object) => object): Logger | undefined =>
+    logDir
+      ? createLogger(name, {
+          destination: logFile(name),
+          sync: true,
+          level: "info",
+          ...(mixin ? { mixin } : {}),
+        })
+      : undefined;
   const replicaCount = opts.replicas ?? 1;
   const hosts = Array.from({ length: replicaCount }, (_, i) => opts.replicaHosts?.[i] ?? "127.0.0.1");
   const proxy = opts.proxy
@@ -349,8 +357,13 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
           ...overrides,
         }),
       );
-      const logger = fileLogger(`worker-${workerCount - 1}`);
-      const agent = createWorkerAgent(cfg, logger ? { logger } : {});
+      // as the worker's main does: CALLPLANE_TRACING_* in its environment turn tracing on, and
+      // its log lines about a request with a span carry the trace id
+      const tracing =
+        cfg.tracing && (await startTracing({ service: "worker", settings: cfg.tracing, exportDelayMs: 100 }));
+      if (tracing) t.after(() => tracing.shutdown());
+      const logger = fileLogger(`worker-${workerCount - 1}`, tracing?.logMixin);
+      const agent = createWorkerAgent(cfg, { ...(logger ? { logger } : {}), tracing });
       await agent.start();
       t.after(() => agent.destroy());
       workers.push(agent);
@@ -378,7 +391,7 @@ export async function startPlane(t: Ctx, opts: PlaneOptions = {}): Promise<Plane
  */
 async function startPlaneProxy(
   t: Ctx,
-  opts: { host?: string },
+  opts: { host?: string; podPort?: number },
   replicaHosts: string[],
 ): Promise<{
   plane: PlaneProxy;
@@ -405,7 +418,7 @@ async function startPlaneProxy(
   const logger = createLogger("callback-proxy", { destination: accessLogFile, sync: true, level: "info" });
   const registry = createRegistry("callback-proxy", { defaultMetrics: false });
   // the replicas' listeners are not up yet; a port free on the first address is free on the others
-  const podPort = await freePort(replicaHosts[0]);
+  const podPort = opts.podPort ?? (await freePort(replicaHosts[0]));
   const host = opts.host ?? "127.0.0.1";
   // as the proxy's main does: the reloaders read the files first, the proxy starts with what they read
   const frontend = new TlsReloader(

@@ -17,6 +17,7 @@ import {
   type ConfigInput,
 } from "../../src/lib/config/index.js";
 import { POD_DATABASE_URL } from "../../src/deploy/index.js";
+import { tracingFromEnv, tracingSettings, tracingWorkerEnv } from "../../src/lib/tracing/index.js";
 import { distRoot, tmpDir } from "../testkit/index.js";
 
 // compiled to dist/test/unit/, so the repository root is three levels up
@@ -540,4 +541,46 @@ test("the example environment files load with the config loader (as the pods rea
   const one = loadConfig({ file: join(EXAMPLES_DIR, "one-machine.yaml"), env: {}, cwd: "/tmp" });
   assert.deepEqual(localPodNetworkProblems(one), []);
   assert.deepEqual(localNatsClusterProblems(one), []);
+});
+
+test("observability.tracing: off until set (npm start turns it on); on, it needs somewhere to send spans", () => {
+  const d = load();
+  assert.equal(d.observability.tracing.enabled, null);
+  assert.equal(tracingSettings(d), undefined, "unset is off for the services");
+  assert.deepEqual(tracingWorkerEnv(d), {}, "and for the workers");
+  const p = problems({ observability: { tracing: { enabled: true } } });
+  assert.equal(p.length, 1);
+  assert.match(
+    p[0],
+    /observability\.tracing\.enabled.*observability\.tracing\.endpoint.*observability\.tracing\.file/,
+  );
+  const on = load(
+    {},
+    {
+      CALLPLANE__OBSERVABILITY__TRACING__ENABLED: "true",
+      CALLPLANE__OBSERVABILITY__TRACING__FILE: "traces/spans.jsonl",
+      CALLPLANE__OBSERVABILITY__TRACING__SAMPLE_RATIO: "0.25",
+    },
+  );
+  assert.equal(
+    on.observability.tracing.file,
+    "/tmp/traces/spans.jsonl",
+    "a relative file is taken from the working directory",
+  );
+  assert.deepEqual(tracingSettings(on), { endpoint: "", sampleRatio: 0.25, file: "/tmp/traces/spans.jsonl" });
+  const env = tracingWorkerEnv(on);
+  assert.deepEqual(tracingFromEnv(env), tracingSettings(on), "the workers get the same settings");
+  assert.match(
+    problems({ observability: { tracing: { sampleRatio: 2 } } })[0],
+    /observability\.tracing\.sampleRatio/,
+  );
+  assert.match(
+    problems({ observability: { tracing: { endpoint: "ftp://x" } } })[0],
+    /observability\.tracing\.endpoint/,
+  );
+  assert.throws(
+    () => tracingFromEnv({ CALLPLANE_TRACING_FILE: "/x", CALLPLANE_TRACING_SAMPLE_RATIO: "lots" }),
+    /CALLPLANE_TRACING_SAMPLE_RATIO/,
+  );
+  assert.equal(tracingFromEnv({}), undefined, "a worker with neither endpoint nor file does not trace");
 });

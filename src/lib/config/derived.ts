@@ -60,6 +60,7 @@ export function resolveDerived(c: Config, cwd: string): void {
   const gt = c.grpcproxy.tls;
   if (gt.certFile) gt.certFile = abs(gt.certFile);
   if (gt.keyFile) gt.keyFile = abs(gt.keyFile);
+  if (c.observability.tracing.file) c.observability.tracing.file = abs(c.observability.tracing.file);
   if (c.workerCallbackProxy.enabled && !c.global.workerEndpoints.invocationProxyURL) {
     c.global.workerEndpoints.invocationProxyURL = `https://invocation.${c.workerCallbackProxy.workerDomain}:${parseHostPort(c.workerCallbackProxy.listen).port}`;
   }

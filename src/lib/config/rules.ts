@@ -13,6 +13,7 @@ import { grpcProxyProblems } from "./grpc-proxy.js";
 import { attachProblems, invocationRelayProblems, pollProblems } from "./invocation.js";
 import { autoscalingProblems } from "./kubernetes.js";
 import { natsProblems } from "./nats.js";
+import { tracingProblems } from "./observability.js";
 import type { Config } from "./schema.js";
 import { mekProblems } from "./secrets.js";
 
@@ -36,5 +37,6 @@ export function crossFieldProblems(
     ...autoscalingProblems(c),
     ...frontendProblems(c),
     ...connectProblems(c),
+    ...tracingProblems(c),
   ];
 }

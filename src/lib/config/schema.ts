@@ -13,6 +13,7 @@ import { grpcproxySection } from "./grpc-proxy.js";
 import { invocationSection } from "./invocation.js";
 import { ingressSection, kubernetesSection } from "./kubernetes.js";
 import { natsSection } from "./nats.js";
+import { observabilitySection } from "./observability.js";
 import { pkiSection } from "./pki.js";
 import { secretsSection } from "./secrets.js";
 import { workerSection } from "./worker.js";
@@ -37,6 +38,7 @@ export const configSchema = z.strictObject({
   admissionWebhook: admissionWebhookSection,
   ingress: ingressSection,
   kubernetes: kubernetesSection,
+  observability: observabilitySection,
 });
 
 export type Config = z.infer<typeof configSchema>;

@@ -1,6 +1,7 @@
 // Method and path to handler, with path parameters; the request context every handler gets.
 import { type IncomingMessage, type ServerResponse } from "node:http";
 import type { Logger } from "../log.js";
+import type { TraceSpan } from "../tracing/index.js";
 
 const UUID_ANY_CASE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -10,6 +11,8 @@ export interface RequestContext {
   params: Record<string, string>;
   query: URLSearchParams;
   log: Logger;
+  /** The request's span, when the service traces (HttpServiceOptions.tracing). */
+  span?: TraceSpan | undefined;
 }
 
 export type Handler = (ctx: RequestContext) => Promise<void> | void;

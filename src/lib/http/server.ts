@@ -9,6 +9,7 @@ import type { Logger } from "../log.js";
 import type { Registry } from "../metrics.js";
 import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "../net/index.js";
 import { HANDSHAKE_OPTIONS, limitHandshake } from "../tls/index.js";
+import type { Tracing } from "../tracing/index.js";
 import { requireHostServed, type HostNames } from "./hosts.js";
 import type { Router } from "./router.js";
 import { HttpServerMetrics } from "./server-metrics.js";
@@ -46,6 +47,8 @@ export interface HttpServiceOptions {
    * Host check and before anything else.
    */
   refuseBrowsers?: boolean;
+  /** Each routed request gets a server span (continuing the caller's traceparent); none without. */
+  tracing?: Tracing | undefined;
 }
 
 /**
@@ -268,7 +271,8 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     }
     let result: Promise<void> | void;
     try {
-      result = m.route.handler({ req, res, params: m.params, query, log });
+      const span = opts.tracing?.httpServer(req, res, m.route.pattern);
+      result = m.route.handler({ req, res, params: m.params, query, log, span });
     } catch (err) {
       sendProblem(res, err, log);
       return;

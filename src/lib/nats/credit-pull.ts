@@ -5,12 +5,20 @@
 // time, and each SUB/UNSUB also empties nats-server's subject cache for the whole account. Here a
 // pull is one publish: `$JS.API.CONSUMER.MSG.NEXT` with a reply subject naming the pull, under a
 // wildcard subscription of the connection's own inbox.
-import { createInbox, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import {
+  createInbox,
+  type Msg,
+  type MsgHdrs,
+  type NatsConnection,
+  type Subscription,
+} from "@nats-io/transport-node";
 import type { Logger } from "../log.js";
 
 /** A message taken from the consumer: its bytes, its ack subject, and the in-progress signal. */
 export interface PulledMessage {
   readonly data: Uint8Array;
+  /** The message's NATS headers, if it has any (the trace context of its publish). */
+  readonly headers: MsgHdrs | undefined;
   /** The ack subject (`$JS.ACK.<stream>.<consumer>...`). */
   readonly reply: string;
   /** Tells JetStream the message is still being worked on (restarts its ack wait). */
@@ -145,6 +153,7 @@ export class CreditPull {
     const nc = this.nc;
     this.opts.onMessage({
       data: m.data,
+      headers: m.headers,
       reply,
       working: () => nc.publish(reply, WORKING),
     });

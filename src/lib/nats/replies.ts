@@ -10,6 +10,7 @@ import {
   RequestError,
   TimeoutError,
   type Msg,
+  type MsgHdrs,
   type NatsConnection,
   type Subscription,
 } from "@nats-io/transport-node";
@@ -51,7 +52,7 @@ export class Replies {
   }
 
   /** Publishes `data` to `subject` and resolves with the first answer, or rejects after `timeoutMs`. */
-  request(subject: string, data: Uint8Array | string, timeoutMs: number): Promise<Msg> {
+  request(subject: string, data: Uint8Array | string, timeoutMs: number, headers?: MsgHdrs): Promise<Msg> {
     return new Promise<Msg>((resolve, reject) => {
       const key = (this.seq = (this.seq + 1) % Number.MAX_SAFE_INTEGER).toString(36);
       const timer = setTimeout(() => {
@@ -60,7 +61,11 @@ export class Replies {
       }, timeoutMs);
       this.waiting.set(key, { resolve, reject, timer });
       try {
-        this.nc.publish(subject, data, { reply: this.base + key });
+        this.nc.publish(
+          subject,
+          data,
+          headers ? { reply: this.base + key, headers } : { reply: this.base + key },
+        );
       } catch (err) {
         this.waiting.delete(key);
         clearTimeout(timer);

@@ -6,6 +6,7 @@
 // read as js.publish()'s do to classifyPublishError (work-queues.ts): a JetStreamApiError with
 // the server's description, and "no responders" when no stream captures the subject.
 import { JetStreamApiError } from "@nats-io/jetstream";
+import type { MsgHdrs } from "@nats-io/transport-node";
 import type { Replies } from "./replies.js";
 
 /** What the stream answers for a stored message. */
@@ -28,8 +29,10 @@ export async function publishToStream(
   subject: string,
   data: Uint8Array,
   timeoutMs = 5000,
+  /** Message headers (the W3C trace context of the publish). */
+  headers?: MsgHdrs,
 ): Promise<StreamAck> {
-  const m = await replies.request(subject, data, timeoutMs);
+  const m = await replies.request(subject, data, timeoutMs, headers);
   const ack = JSON.parse(m.string()) as PubAckJson;
   if (ack.error) throw new JetStreamApiError({ err_code: 0, ...ack.error });
   if (typeof ack.stream !== "string" || typeof ack.seq !== "number")

@@ -4,6 +4,7 @@ import { ConfigError, loadConfig, type Config } from "../config/index.js";
 import { parseParentMessage, sendToParent } from "./control.js";
 import type { LevelWithSilent } from "pino";
 import { createLogger, type Logger } from "../log.js";
+import { startTracing, tracingSettings, type Tracing, type TracingSettings } from "../tracing/index.js";
 
 export interface Running {
   urls: Record<string, string>;
@@ -20,6 +21,8 @@ interface StopTimes<C> {
   graceMs?: (c: C) => number;
   /** How long the service keeps taking work after its readiness failed (front doors behind balancers). */
   drainDelayMs?: (c: C) => number;
+  /** Where the service's spans go, if it traces (undefined: it does not, and loads nothing of it). */
+  tracing?: (c: C) => TracingSettings | undefined;
 }
 
 export function configFileFromArgs(argv = process.argv.slice(2)): string | undefined {
@@ -30,15 +33,15 @@ export function configFileFromArgs(argv = process.argv.slice(2)): string | undef
 
 export function runService(
   service: string,
-  start: (config: Config, logger: Logger) => Promise<Running>,
-  opts: StopTimes<Config> = {},
+  start: (config: Config, logger: Logger, tracing: Tracing | undefined) => Promise<Running>,
+  opts: StopTimes<Config> & { traced?: boolean } = {},
 ): void {
   runProcess(
     service,
     () => loadConfig({ file: configFileFromArgs() }),
     (c) => c.log.level,
     start,
-    opts,
+    opts.traced ? { ...opts, tracing: tracingSettings } : opts,
   );
 }
 
@@ -47,7 +50,7 @@ export function runProcess<C>(
   service: string,
   load: () => C,
   level: (c: C) => LevelWithSilent,
-  start: (config: C, logger: Logger) => Promise<Running>,
+  start: (config: C, logger: Logger, tracing: Tracing | undefined) => Promise<Running>,
   opts: StopTimes<C> = {},
 ): void {
   let config: C;
@@ -59,7 +62,20 @@ export function runProcess<C>(
     sendToParent({ type: "failed", service, code: "CONFIG", message });
     process.exit(2);
   }
-  const logger = createLogger(service, { level: level(config) });
+  let traceSettings: TracingSettings | undefined;
+  try {
+    traceSettings = opts.tracing?.(config);
+  } catch (err) {
+    process.stderr.write(`${service}: ${(err as Error).message}\n`);
+    sendToParent({ type: "failed", service, code: "CONFIG", message: (err as Error).message });
+    process.exit(2);
+  }
+  let tracing: Tracing | undefined;
+  // a line that names a request with a span here carries its trace id
+  const logger = createLogger(service, {
+    level: level(config),
+    ...(traceSettings ? { mixin: (o: object) => tracing?.logMixin(o) ?? {} } : {}),
+  });
   let running: Running | undefined;
   let stopping = false;
   const stop = (why: string, drainDelay = true) => {
@@ -82,6 +98,8 @@ export function runProcess<C>(
     );
     hard.unref();
     (running ? running.close(grace, delay) : Promise.resolve())
+      // the spans of the work just finished go out before the process does
+      .then(() => tracing?.shutdown())
       .then(() => {
         logger.info("stopped");
         logger.flush();
@@ -103,7 +121,22 @@ export function runProcess<C>(
   process.on("disconnect", () => {
     if (!stopping) stop("supervisor went away");
   });
-  start(config, logger)
+  const traced = traceSettings
+    ? startTracing({ service, settings: traceSettings, logger }).then((t) => {
+        tracing = t;
+        logger.info(
+          {
+            endpoint: traceSettings.endpoint || undefined,
+            file: traceSettings.file || undefined,
+            sampleRatio: traceSettings.sampleRatio,
+          },
+          "tracing on",
+        );
+        return t;
+      })
+    : Promise.resolve(undefined);
+  traced
+    .then((t) => start(config, logger, t))
     .then((r) => {
       running = r;
       sendToParent({ type: "ready", service, urls: r.urls });

@@ -20,6 +20,7 @@ export function accessLogFormat(): string {
       `"termination":"%tsc"`,
       `"reason":"%[var(txn.reason),json(utf8s)]"`,
       `"upstreamError":"%[bc_err_str,json(utf8s)]"`,
+      `"traceId":"%[var(txn.traceid),json(utf8s)]"`,
       `"bytesIn":%U`,
       `"bytesOut":%B`,
       `"durationMs":%Ta}`,

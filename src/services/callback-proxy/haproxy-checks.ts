@@ -79,6 +79,9 @@ function readLines(o: HaproxyConfigOptions): string[] {
     `  http-request set-var(txn.port) 'var(txn.authority),regsub("^.*:","")'`,
     `  http-request set-var(txn.podip) 'var(txn.pod),field(1,.),regsub("-",".",g)' if !grpc_name`,
     `  http-request set-var(txn.target) var(txn.pod) if !grpc_name`,
+    // the trace id of the worker's span (W3C traceparent, passed on untouched) for the access line
+    "  acl has_traceparent req.fhdr(traceparent) -m reg ^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
+    "  http-request set-var(txn.traceid) 'req.fhdr(traceparent),field(2,-)' if has_traceparent",
     "  acl absolute url -m reg ^[A-Za-z][A-Za-z0-9+.-]*://",
     "  acl origin_form url -m beg /",
     `  acl attach_path var(txn.path) -m str ${ATTACH_PATH}`,

@@ -6,6 +6,7 @@ import { hostname } from "node:os";
 import { readServiceToken } from "../../lib/identity/index.js";
 import { parseHostPort } from "../../lib/net/index.js";
 import { runService } from "../../lib/process/index.js";
+import { tracingWorkerEnv } from "../../lib/tracing/index.js";
 import { KubeClient, kubeConnection } from "../../lib/kube/index.js";
 import { createComputeAgent } from "./agent.js";
 import { secretsRoot } from "./secrets.js";
@@ -92,7 +93,8 @@ runService(
           maxMs: config.compute.restartBackoff.maxSeconds * 1000,
         },
         logLevel: config.log.level,
-        workerExtraEnv: workerProxyEnv(config),
+        // workers trace where the plane does (observability.tracing), through their environment
+        workerExtraEnv: { ...workerProxyEnv(config), ...tracingWorkerEnv(config) },
         natsCaPem: readFileSync(config.nats.tls.caFile, "utf8"),
       },
       tokenSource: tokenSource(config.compute.workerIdentity.tokenSource, config.compute.backend),

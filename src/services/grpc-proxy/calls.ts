@@ -32,6 +32,7 @@ import type { GrpcCallSeries, GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
 import { CLEAR_SESSION_COOKIE, resumeIdOf, sessionCookie, type SessionTable } from "./sessions.js";
 import type { ProxyState } from "./state.js";
+import { ATTR, traceGrpcCall, type TraceSpan } from "../../lib/tracing/index.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
 
 /** grpc-proxy's own refusals carry their stable code (docs/errors.md) in this metadata. */
@@ -69,6 +70,7 @@ export class Calls {
     let fn: GrpcCallSeries | undefined;
     let began = false;
     let release: (() => void) | undefined;
+    const span = this.deps.state.tracing && traceGrpcCall(this.deps.state.tracing, headers);
     try {
       if (this.deps.state.closing || !conn)
         throw new CallplaneError(
@@ -84,7 +86,8 @@ export class Calls {
       const resumeId = resumeIdOf(headers);
       session = resumeId
         ? await this.deps.sessions.resume(conn, resumeId, grant, functionId, pinned)
-        : this.deps.sessions.sessionFor(conn, grant, functionId, pinned);
+        : this.deps.sessions.sessionFor(conn, grant, functionId, pinned, span);
+      span?.identify(session.requestId, functionId, session.functionVersionId);
       session.begin();
       began = true;
       fn = this.deps.metrics.begin(session);
@@ -92,15 +95,17 @@ export class Calls {
         session.state === "open" && session.tunnel && !session.tunnel.closed
           ? session.tunnel
           : await waitForWorker(stream, deadlineMs, session);
-      const result = await this.forward(stream, headers, flags, session, tunnel, deadlineAt);
+      const result = await this.forward(stream, headers, flags, session, tunnel, deadlineAt, span);
       fn.end(result.outcome, result.grpcStatus, started, result.firstByteAt);
     } catch (err) {
+      span?.fail(err);
       const e = this.refuse(stream, headers, err, session);
       fn?.end(e.code === "CLIENT_GONE" ? "client_gone" : "refused", GRPC_STATUS[e.code], started);
     } finally {
       if (began) session?.finish();
       fn?.inFlight.dec();
       release?.();
+      span?.end();
     }
   }
 
@@ -112,9 +117,12 @@ export class Calls {
     session: Session,
     tunnel: ClientHttp2Session,
     deadlineAt: number | undefined,
+    span: TraceSpan | undefined,
   ): Promise<StreamResult> {
     const extra: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
     const upstream: Record<string, string> = { [NVCF_HEADERS.reqId]: session.requestId };
+    // the worker's call to the inference server goes under this call's span
+    span?.inject(upstream);
     // what is left of the call's deadline after the wait for the worker, in a form every server's
     // timer holds (a client's 2147484S would overflow a 32-bit one)
     if (deadlineAt !== undefined)
@@ -143,6 +151,9 @@ export class Calls {
         }),
       },
     );
+    span
+      ?.set("rpc.grpc.status_code", result.grpcStatus === undefined ? undefined : Number(result.grpcStatus))
+      .set(ATTR.outcome, result.outcome);
     return result;
   }
 

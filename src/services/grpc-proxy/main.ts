@@ -8,7 +8,7 @@ import { CONNECT_PATH, createGrpcProxy } from "./service.js";
 
 runService(
   "grpc-proxy",
-  async (config, logger) => {
+  async (config, logger, tracing) => {
     // As in Kubernetes, each replica learns its own address from POD_IP; the local stack sets it.
     const host = process.env.POD_IP;
     if (!host)
@@ -50,6 +50,7 @@ runService(
       hosts: config.global.hosts,
       maxInFlightPerKey: g.maxInFlightPerKey,
       logger,
+      tracing,
     });
     const url = await service.listen();
     return {
@@ -65,5 +66,6 @@ runService(
   {
     graceMs: (c) => c.grpcproxy.shutdownGraceSeconds * 1000,
     drainDelayMs: (c) => c.grpcproxy.drainDelaySeconds * 1000,
+    traced: true,
   },
 );

@@ -7,6 +7,7 @@ import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
 import type { NatsAccess, QueueLimits } from "../../lib/nats/index.js";
 import type { AuthCacheSettings } from "../../plane/auth-cache.js";
+import type { Tracing } from "../../lib/tracing/index.js";
 
 export interface GrpcProxyOptions {
   /** The client listener (the pod's address, port 10081). */
@@ -41,6 +42,8 @@ export interface GrpcProxyOptions {
   holderId?: number;
   logger?: Logger;
   registry?: Registry;
+  /** Spans for its calls and tunnels (observability.tracing); none without. */
+  tracing?: Tracing | undefined;
 }
 
 export interface GrpcProxyUrls {

@@ -46,6 +46,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
   const auth = createAuthCache(opts, logger, registry);
   const metrics = grpcProxyMetrics(registry);
   const state = new ProxyState();
+  state.tracing = opts.tracing;
   const maxInFlightPerKey = opts.maxInFlightPerKey ?? 1024;
   const sessions = new SessionTable({
     state,

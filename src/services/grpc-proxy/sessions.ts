@@ -24,6 +24,7 @@ import type { GrpcProxyMetrics } from "./metrics.js";
 import type { KeyInFlight } from "../../plane/key-limit.js";
 import { Session } from "./session.js";
 import type { ProxyState } from "./state.js";
+import type { TraceSpan } from "../../lib/tracing/index.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
 
 export const SESSION_COOKIE = "nvcf-request-id";
@@ -74,8 +75,17 @@ export class SessionTable {
     return this.deps.tokenTtlMs;
   }
 
-  /** The session a call on this connection with this routing belongs to, started if need be. */
-  sessionFor(conn: Http2Session, grant: Grant, functionId: string, pinned: string | undefined): Session {
+  /**
+   * The session a call on this connection with this routing belongs to, started if need be (its
+   * publish is a span under `span`, the call that started it).
+   */
+  sessionFor(
+    conn: Http2Session,
+    grant: Grant,
+    functionId: string,
+    pinned: string | undefined,
+    span?: TraceSpan,
+  ): Session {
     let routes = this.byConnection.get(conn);
     if (!routes) {
       routes = new Map();
@@ -92,7 +102,12 @@ export class SessionTable {
     const s = this.newSession(newRequestId(this.deps.holderId), functionId, version.functionVersionId, grant);
     routes.set(route, s);
     this.deps.state
-      .publisher!.publish(version.functionVersionId, s.requestId, this.workMessage(s, s.token!, grant))
+      .publisher!.publish(
+        version.functionVersionId,
+        s.requestId,
+        this.workMessage(s, s.token!, grant),
+        span?.identify(s.requestId, functionId, version.functionVersionId),
+      )
       .then(
         (seq) => {
           s.seq = seq;

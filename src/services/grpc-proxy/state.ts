@@ -3,6 +3,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { ReplicaRegistry } from "../../plane/registry.js";
 import type { WorkPublisher } from "../../plane/work-queue.js";
+import type { Tracing } from "../../lib/tracing/index.js";
 
 export class ProxyState {
   nc: NatsConnection | undefined;
@@ -17,6 +18,8 @@ export class ProxyState {
   draining = false;
   /** destroy(): NATS is being closed under everything, so nothing publishes any more. */
   destroyed = false;
+  /** Spans for calls and tunnels, when the replica traces. */
+  tracing: Tracing | undefined;
 
   /** The connect listener's readiness (/health). */
   get ready(): boolean {

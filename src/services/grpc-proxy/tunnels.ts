@@ -22,6 +22,7 @@ import type { GrpcProxyMetrics } from "./metrics.js";
 import type { Session } from "./session.js";
 import type { SessionTable } from "./sessions.js";
 import type { ProxyState } from "./state.js";
+import { traceTunnel, tunnelAnswered } from "../../lib/tracing/index.js";
 
 export const CONNECT_PATH = "/v1/proxy";
 
@@ -42,6 +43,7 @@ export class Tunnels {
   onConnect(req: IncomingMessage, socket: Socket, head: Buffer): void {
     const { sessions, state } = this.deps;
     socket.on("error", () => undefined);
+    if (state.tracing) traceTunnel(state.tracing, req);
     const token = bearerToken(req.headers);
     if (!token) {
       this.refuse(
@@ -114,6 +116,11 @@ export class Tunnels {
       },
       "tunnel open",
     );
+    tunnelAnswered(req, "ok", {
+      status: 200,
+      functionId: session.functionId,
+      functionVersionId: session.functionVersionId,
+    });
   }
 
   /** The 200 is out: an HTTP/2 client session over the worker's socket becomes the session's tunnel. */
@@ -163,6 +170,7 @@ export class Tunnels {
         up.setNoDelay(true);
         up.write(relayedConnect(req, this.deps.holderId));
         this.deps.metrics.tunnels.inc({ result: "relayed" });
+        tunnelAnswered(req, "relayed", { status: 200 });
       },
       head,
       failureAnswer: (f) =>
@@ -191,6 +199,7 @@ export class Tunnels {
 
   private refuse(socket: Socket, e: CallplaneError, result: string, req: IncomingMessage): void {
     this.deps.metrics.tunnels.inc({ result });
+    tunnelAnswered(req, result, { status: e.status, err: e });
     this.deps.logger.info(
       {
         worker: socket.remoteAddress,

@@ -125,7 +125,9 @@ async function claim(
   const entry = tokens.peek(token);
   if (entry && entry.kind === kind) {
     tokens.delete(token);
-    return entry.pending;
+    const p = entry.pending;
+    ctx.span?.identify(p.requestId, p.functionId, p.version.functionVersionId);
+    return p;
   }
   const holder = tokenHolder(token);
   if (
@@ -136,7 +138,7 @@ async function claim(
     req.headers[RELAYED_HEADER] === undefined
   ) {
     attaches.inc({ kind, result: "relayed" });
-    await relay.forward(req, res, holder);
+    await relay.forward(req, res, holder, ctx.span);
     return undefined;
   }
   attaches.inc({ kind, result: "bad_token" });

@@ -108,8 +108,9 @@ export async function invoke(
     grant,
   );
   track(replica, p, windowSeconds);
+  ctx.span?.identify(p.requestId, functionId, version.functionVersionId);
   try {
-    p.seq = await replica.publisher!.publish(version.functionVersionId, p.requestId, data);
+    p.seq = await replica.publisher!.publish(version.functionVersionId, p.requestId, data, ctx.span);
   } catch (err) {
     replica.metrics.mark(p, "rejected");
     replica.release(p);

@@ -65,6 +65,7 @@ export function createClientListener(
     metrics: opts.metrics,
     hosts: opts.hosts,
     ready: () => replica.ready(),
+    tracing: replica.tracing,
   });
 }
 
@@ -107,6 +108,7 @@ export class WorkerTlsListener {
         ALPNProtocols: ["http/1.1"],
       },
       ready: () => replica.ready(),
+      tracing: replica.tracing,
     });
   }
 

@@ -7,7 +7,7 @@ import { createInvocationService } from "./service.js";
 
 runService(
   "invocation",
-  async (config, logger) => {
+  async (config, logger, tracing) => {
     // As in Kubernetes, each replica learns its own address from POD_IP; the local stack sets it.
     const host = process.env.POD_IP;
     if (!host)
@@ -49,6 +49,7 @@ runService(
       metricsOnClientPort: config.invocation.metricsOnClientPort ?? false,
       hosts: config.global.hosts,
       logger,
+      tracing,
     });
     const url = await service.listen();
     return {
@@ -60,5 +61,6 @@ runService(
   {
     graceMs: (c) => c.invocation.shutdownGraceSeconds * 1000,
     drainDelayMs: (c) => c.invocation.drainDelaySeconds * 1000,
+    traced: true,
   },
 );

@@ -4,6 +4,7 @@
 import type { HostPort } from "../../lib/net/index.js";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
+import type { Tracing } from "../../lib/tracing/index.js";
 import type { NatsAccess, QueueLimits } from "../../lib/nats/index.js";
 import type { AuthCacheSettings } from "../../plane/auth-cache.js";
 
@@ -53,6 +54,8 @@ export interface InvocationServiceOptions {
    * address (global.hosts); a request naming another is refused with HOST_NOT_SERVED.
    */
   hosts?: readonly string[];
+  /** Spans for its requests (observability.tracing); none without. */
+  tracing?: Tracing | undefined;
 }
 
 export interface PollSettings {

@@ -49,6 +49,7 @@ export async function pollStatus(replica: ReplicaState, ctx: RequestContext): Pr
   // of the worker (which would hand that key the answers).
   if (typeof rec.clientNcaId !== "string" || rec.clientNcaId !== grant.clientNcaId)
     return notFound(replica, apiKey, requestId);
+  ctx.span?.identify(requestId, rec.functionId, rec.functionVersionId);
   const slot = replica.inFlightPerKey.acquire(grant.keyId);
   const p: Pending = {
     requestId,

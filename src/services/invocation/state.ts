@@ -19,6 +19,7 @@ import type { ReplicaRegistry } from "../../plane/registry.js";
 import type { Relay } from "../../plane/relay.js";
 import { TokenTable } from "../../plane/tokens.js";
 import type { WorkPublisher } from "../../plane/work-queue.js";
+import type { Tracing } from "../../lib/tracing/index.js";
 import { InvocationMetrics, type InvocationOutcome, type InvocationSeries } from "./metrics.js";
 import type { InvocationServiceOptions, PollSettings } from "./options.js";
 
@@ -82,6 +83,7 @@ export class ReplicaState {
   readonly inlineBodyMs: number;
   readonly bodyIdleMs: number;
   readonly metrics: InvocationMetrics;
+  readonly tracing: Tracing | undefined;
   // An attach token names the replica that holds it (the one that minted it: for a status poll,
   // the polling replica, not the request's first holder), so a callback that lands elsewhere can be
   // relayed to it.
@@ -119,6 +121,7 @@ export class ReplicaState {
     this.inlineBodyMs = opts.inlineBodyMs ?? 30_000;
     this.bodyIdleMs = opts.bodyIdleMs ?? 10_000;
     this.metrics = new InvocationMetrics(this.registry, opts.functionSeriesLimit);
+    this.tracing = opts.tracing;
     this.tokens = new TokenTable(this.holderId);
     this.pendings = new PendingTable<Pending>();
   }

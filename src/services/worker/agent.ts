@@ -22,6 +22,7 @@ import {
   type NatsAccess,
 } from "../../lib/nats/index.js";
 import { formatHostPort, podAwareLookup } from "../../lib/net/index.js";
+import type { Tracing } from "../../lib/tracing/index.js";
 import { CallbackClient } from "./callback.js";
 import { NatsAnswers } from "./nats-answer.js";
 import type { WorkerConfig } from "./config.js";
@@ -88,7 +89,7 @@ class AgentState {
 
 export function createWorkerAgent(
   cfg: WorkerConfig,
-  opts: { logger?: Logger; registry?: Registry } = {},
+  opts: { logger?: Logger; registry?: Registry; tracing?: Tracing | undefined } = {},
 ): WorkerAgent {
   const logger = opts.logger ?? silentLogger();
   const registry = opts.registry ?? workerRegistry(cfg);
@@ -163,6 +164,7 @@ export function createWorkerAgent(
         freeSlots,
         items,
         duration,
+        tracing: opts.tracing,
       });
       state.cancelSub = nc.subscribe(subjects.cancel(cfg.functionVersionId), {
         callback: (err, m) => {

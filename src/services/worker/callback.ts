@@ -8,6 +8,7 @@ import { H1_CONTENT_TYPE } from "../../lib/http/index.js";
 import { SOCKET_BUFFER_BYTES } from "../../lib/net/index.js";
 import type { LookupFunction } from "../../lib/net/index.js";
 import { ATTACH_PATH } from "../../lib/contract.js";
+import { traceCallback, type TraceSpan } from "../../lib/tracing/index.js";
 
 export interface CallbackTarget {
   /** http://<dashed-ip>.invocation.<domain>:<port> */
@@ -57,18 +58,25 @@ export class CallbackClient {
   }
 
   /** GET request-attach: the rest of the request body. Headers must arrive within 5 s (contract §3.6). */
-  fetchBody(t: CallbackTarget, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+  fetchBody(t: CallbackTarget, signal: AbortSignal, trace?: TraceSpan): Promise<Dispatcher.ResponseData> {
     const { origin, path, extra } = this.route(t);
-    return this.agent.request({
+    const headers = {
+      authorization: `Bearer ${t.token}`,
+      accept: "application/octet-stream",
+      ...extra.headers,
+    };
+    const span = trace && traceCallback(trace, "GET", t, headers);
+    const call = this.agent.request({
       origin,
       path,
       method: "GET",
-      headers: { authorization: `Bearer ${t.token}`, accept: "application/octet-stream", ...extra.headers },
+      headers,
       signal,
       headersTimeout: 5_000,
       bodyTimeout: 0,
       ...(extra.servername ? ({ servername: extra.servername } as object) : {}),
     });
+    return span ? span.settle(call, true) : call;
   }
 
   /** POST request-attach: the framed response, streamed. The replica answers once the client has it all. */
@@ -77,24 +85,28 @@ export class CallbackClient {
     body: Readable | Buffer,
     length: number | undefined,
     signal: AbortSignal,
+    trace?: TraceSpan,
   ): Promise<Dispatcher.ResponseData> {
     const { origin, path, extra } = this.route(t);
-    return this.agent.request({
+    const headers: Record<string, string> = {
+      authorization: `Bearer ${t.token}`,
+      "content-type": H1_CONTENT_TYPE,
+      ...(length !== undefined ? { "content-length": String(length) } : {}),
+      ...extra.headers,
+    };
+    const span = trace && traceCallback(trace, "POST", t, headers);
+    const call = this.agent.request({
       origin,
       path,
       method: "POST",
-      headers: {
-        authorization: `Bearer ${t.token}`,
-        "content-type": H1_CONTENT_TYPE,
-        ...(length !== undefined ? { "content-length": String(length) } : {}),
-        ...extra.headers,
-      },
+      headers,
       body,
       signal,
       headersTimeout: 0,
       bodyTimeout: 0,
       ...(extra.servername ? ({ servername: extra.servername } as object) : {}),
     });
+    return span ? span.settle(call) : call;
   }
 
   close(): Promise<void> {

@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { ConfigError } from "../../lib/config/index.js";
 import { formatHostPort, parseHostPort } from "../../lib/net/index.js";
+import { tracingFromEnv, type TracingSettings } from "../../lib/tracing/index.js";
 
 const int = (def: number, min = 0, max = Number.MAX_SAFE_INTEGER) =>
   z.coerce.number().int().min(min).max(max).default(def);
@@ -131,6 +132,8 @@ export interface WorkerConfig {
   streamMaxMessageBytes: number;
   streamReplicas: number;
   logLevel: WorkerEnv["CALLPLANE_LOG_LEVEL"];
+  /** Where its spans go (CALLPLANE_TRACING_*, set by the compute agent from observability.tracing); undefined: off. */
+  tracing: TracingSettings | undefined;
 }
 
 /** PT10S, PT30M, PT1H30M → milliseconds. */
@@ -182,6 +185,12 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     throw new ConfigError("worker environment", [
       "NKEY_SEED, NVCF_TOKEN_FILE_PATH: the worker has no NATS credentials; the compute agent sets one of them (nkey or token mode, nats.workerAuth)",
     ]);
+  let tracing: TracingSettings | undefined;
+  try {
+    tracing = tracingFromEnv(env);
+  } catch (err) {
+    throw new ConfigError("worker environment", [(err as Error).message]);
+  }
   const natsCaPem = proxyCa(e.NVCF_NATS_CA_PEM, e.NVCF_NATS_CA_FILE, "NVCF_NATS_CA_FILE");
   if (!natsCaPem)
     throw new ConfigError("worker environment", [
@@ -224,5 +233,6 @@ export function workerConfigFromEnv(env: NodeJS.ProcessEnv = process.env): Worke
     streamMaxMessageBytes: e.CALLPLANE_STREAM_MAX_MESSAGE_BYTES,
     streamReplicas: e.CALLPLANE_STREAM_REPLICAS,
     logLevel: e.CALLPLANE_LOG_LEVEL,
+    tracing,
   };
 }

@@ -9,6 +9,8 @@ import type { Logger } from "../../lib/log.js";
 import type { Counter, Histogram } from "../../lib/metrics.js";
 import type { PulledMessage } from "../../lib/nats/index.js";
 import type { LookupFunction } from "../../lib/net/index.js";
+import { subjects } from "../../lib/nats/index.js";
+import { ATTR, traceWork, type TraceSpan, type Tracing } from "../../lib/tracing/index.js";
 import type { CallbackClient } from "./callback.js";
 import type { NatsAnswers } from "./nats-answer.js";
 import type { WorkerConfig } from "./config.js";
@@ -38,6 +40,8 @@ export interface DispatchDeps {
   items: Counter;
   /** callplane_worker_request_seconds: from pull to ack. */
   duration: Histogram;
+  /** A span per message, under the replica's publish (its context is in the message's headers). */
+  tracing?: Tracing | undefined;
 }
 
 export class WorkDispatcher {
@@ -59,8 +63,11 @@ export class WorkDispatcher {
     let outcome: WorkOutcome = "failed";
     let item: WorkItem | StatefulSession | undefined;
     const slot = freeSlots.pop();
+    const trace =
+      this.deps.tracing &&
+      traceWork(this.deps.tracing, m.headers, cfg, subjects.consumer(cfg.region, cfg.functionVersionId));
     try {
-      item = this.open(m, slot);
+      item = this.open(m, slot, trace);
       inflight.set(item.requestId, item);
       outcome = await item.run();
     } catch (err) {
@@ -78,6 +85,7 @@ export class WorkDispatcher {
         this.deps.acks.ackConfirmed(m, item?.requestId, keepAlive);
       }
       if (!acking) clearInterval(keepAlive);
+      trace?.set(ATTR.outcome, outcome).end(outcome === "failed" ? outcome : undefined);
       this.deps.items.inc({ outcome });
       this.deps.duration.observe((performance.now() - started) / 1000);
       if (slot) {
@@ -99,11 +107,16 @@ export class WorkDispatcher {
   }
 
   /** The kind of work: a gRPC session (statefulConfig) or one HTTP request (statelessConfig). */
-  private open(m: PulledMessage, slot: OutputSlot | undefined): WorkItem | StatefulSession {
+  private open(
+    m: PulledMessage,
+    slot: OutputSlot | undefined,
+    trace: TraceSpan | undefined,
+  ): WorkItem | StatefulSession {
     const { cfg, logger, nc, lookup, secureContext, callbacks, answers, inference } = this.deps;
     const req = WorkItem.decode(m.data);
+    trace?.identify(req.requestId, cfg.functionId, cfg.functionVersionId);
     return req.statefulConfig
-      ? new StatefulSession({ cfg, logger, nc, lookup, secureContext }, req)
-      : new WorkItem({ cfg, logger, callbacks, answers, inference, nc }, req, slot);
+      ? new StatefulSession({ cfg, logger, nc, lookup, secureContext, trace }, req)
+      : new WorkItem({ cfg, logger, callbacks, answers, inference, nc, trace }, req, slot);
   }
 }

@@ -6,6 +6,7 @@ import type { Readable } from "node:stream";
 import type { Dispatcher, Pool } from "undici";
 import type { WorkerInvokeFunctionRequestSchema } from "../../gen/nvcf/worker_pb.js";
 import { endToEnd, foldPairs, prepend } from "../../lib/http/index.js";
+import { traceInference, type TraceSpan } from "../../lib/tracing/index.js";
 import type { CallbackClient } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import type { OutputSlot } from "./output-slot.js";
@@ -68,6 +69,8 @@ export interface InferenceCall {
   /** NVCF's compatibility mode: every request but SSE. */
   compat: boolean;
   signal: AbortSignal;
+  /** The work item's span: the call is a span under it, and the server gets its traceparent. */
+  trace?: TraceSpan | undefined;
 }
 
 export function inferenceHeaders(call: InferenceCall): Record<string, string | string[]> {
@@ -120,7 +123,7 @@ export function callInference(
   if (requestToken) {
     const signal = call.signal;
     body = prepend(inline, async () => {
-      const r = await callbacks.fetchBody({ targetUri, token: requestToken, proxyUri }, signal);
+      const r = await callbacks.fetchBody({ targetUri, token: requestToken, proxyUri }, signal, call.trace);
       if (r.statusCode !== 200) {
         const text = await r.body.text().catch(() => "");
         throw new WorkerError(
@@ -136,7 +139,10 @@ export function callInference(
   } else {
     delete headers["content-length"];
   }
-  return inference.request({
+  const span =
+    call.trace &&
+    traceInference(call.trace, req.requestMethod, req.requestPath || "/", call.cfg.inference, headers);
+  const response = inference.request({
     method: req.requestMethod,
     path: req.requestPath || "/",
     headers,
@@ -147,4 +153,6 @@ export function callInference(
     headersTimeout: 0,
     bodyTimeout: call.cfg.inferenceIdleMs,
   });
+  // the span lasts until the answer's body has been read (an SSE stream: all of it)
+  return span ? span.settle(response, true) : response;
 }

@@ -8,10 +8,10 @@ runProcess(
   "worker",
   () => workerConfigFromEnv(),
   (cfg) => cfg.logLevel,
-  async (cfg, logger) => {
-    const agent = createWorkerAgent(cfg, { logger });
+  async (cfg, logger, tracing) => {
+    const agent = createWorkerAgent(cfg, { logger, tracing });
     const { health } = await agent.start();
     return { urls: { health: health.origin }, close: (g) => agent.close(g), destroy: () => agent.destroy() };
   },
-  { graceMs: () => 30_000 },
+  { graceMs: () => 30_000, tracing: (cfg) => cfg.tracing },
 );

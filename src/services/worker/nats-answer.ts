@@ -8,6 +8,7 @@
 import { RequestError, TimeoutError } from "@nats-io/transport-node";
 import { tokenHolderHex } from "../../lib/ids.js";
 import { subjects, type Replies } from "../../lib/nats/index.js";
+import { traceNatsAnswer, type TraceSpan } from "../../lib/tracing/index.js";
 import type { CallbackTarget } from "./callback.js";
 
 /** The largest framed answer sent over NATS (the rest go by POST). */
@@ -25,7 +26,7 @@ export class NatsAnswers {
   constructor(private readonly replies: Replies) {}
 
   /** Sends the answer; undefined when it must be posted instead (see the top of this file). */
-  async send(target: CallbackTarget, framed: Buffer): Promise<ReplicaReply | undefined> {
+  async send(target: CallbackTarget, framed: Buffer, trace?: TraceSpan): Promise<ReplicaReply | undefined> {
     const holder = tokenHolderHex(target.token);
     if (holder === undefined || framed.length > NATS_ANSWER_MAX_BYTES) return undefined;
     const tokenBytes = Buffer.byteLength(target.token, "latin1");
@@ -33,23 +34,29 @@ export class NatsAnswers {
     payload.write(target.token, 0, "latin1");
     payload[tokenBytes] = 10;
     framed.copy(payload, tokenBytes + 1);
+    const subject = subjects.answer(holder);
+    const span = trace && traceNatsAnswer(trace, subject);
     let reply;
     try {
-      reply = await this.replies.request(subjects.answer(holder), payload, ANSWER_TIMEOUT_MS);
+      reply = await this.replies.request(subject, payload, ANSWER_TIMEOUT_MS);
     } catch (err) {
+      span?.end(err);
       if ((err instanceof RequestError && err.isNoResponders()) || err instanceof TimeoutError)
         return undefined;
       throw err;
     }
     const text = reply.string();
-    if (text === "{}") return { status: 200, text };
-    let status = 502;
-    try {
-      const problem = JSON.parse(text) as { status?: unknown };
-      if (typeof problem.status === "number") status = problem.status;
-    } catch {
-      // not a problem document: reported as it came
+    let status = 200;
+    if (text !== "{}") {
+      status = 502;
+      try {
+        const problem = JSON.parse(text) as { status?: unknown };
+        if (typeof problem.status === "number") status = problem.status;
+      } catch {
+        // not a problem document: reported as it came
+      }
     }
+    span?.set("http.response.status_code", status).end(status >= 500 ? `HTTP ${status}` : undefined);
     return { status, text };
   }
 }

@@ -7,6 +7,7 @@ import { Readable } from "node:stream";
 import type { Dispatcher } from "undici";
 import { endToEndHeaders, prepend, serializeResponseHead } from "../../lib/http/index.js";
 import type { Logger } from "../../lib/log.js";
+import type { TraceSpan } from "../../lib/tracing/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkerError } from "./inference-call.js";
@@ -50,6 +51,7 @@ export class ReplicaAnswer {
       callbacks: CallbackClient;
       /** Answers over NATS, where the replica takes them (else every answer is posted). */
       answers?: NatsAnswers | undefined;
+      trace?: TraceSpan | undefined;
     },
     private readonly requestId: string,
     /** The work item's abort signal: a cancel cuts a post on purpose. */
@@ -132,7 +134,7 @@ export class ReplicaAnswer {
     try {
       // an answer held whole goes over NATS where the replica takes it (nats-answer.ts)
       const reply =
-        (body instanceof Buffer && (await this.deps.answers?.send(target, body))) ||
+        (body instanceof Buffer && (await this.deps.answers?.send(target, body, this.deps.trace))) ||
         (await this.postOverHttp(target, body, length));
       if (reply.status !== 200) {
         this.deps.logger.warn(
@@ -164,13 +166,13 @@ export class ReplicaAnswer {
   ): Promise<ReplicaReply> {
     let res;
     try {
-      res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
+      res = await this.deps.callbacks.postResponse(target, body, length, this.signal, this.deps.trace);
     } catch (err) {
       // A kept-alive connection that its server (a draining proxy or replica) closed just as
       // this answer went out on it: the answer was never read. One in memory is sent again, on a
       // new connection; its single-use token makes a second delivery impossible.
       if (!(body instanceof Buffer) || this.signal.aborted || !closedUnanswered(err)) throw err;
-      res = await this.deps.callbacks.postResponse(target, body, length, this.signal);
+      res = await this.deps.callbacks.postResponse(target, body, length, this.signal, this.deps.trace);
     }
     return { status: res.statusCode, text: await res.body.text() };
   }

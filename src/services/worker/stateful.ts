@@ -27,6 +27,7 @@ import {
   widenWindow,
 } from "../../lib/grpc/index.js";
 import type { Logger } from "../../lib/log.js";
+import { ATTR, traceGrpcInference, traceTunnelOpen, type TraceSpan } from "../../lib/tracing/index.js";
 import type { LookupFunction } from "../../lib/net/index.js";
 import { subjects } from "../../lib/nats/index.js";
 import type { WorkerConfig } from "./config.js";
@@ -42,6 +43,8 @@ export interface StatefulDeps {
   nc: NatsConnection;
   lookup: LookupFunction;
   secureContext: SecureContext | undefined;
+  /** The session's span (dispatch.ts): its tunnels are spans under it, and each call links to it. */
+  trace?: TraceSpan | undefined;
 }
 
 export type SessionOutcome = "answered" | "cancelled" | "failed";
@@ -126,11 +129,13 @@ export class StatefulSession {
   }
 
   private async addTunnel(t: TunnelTarget): Promise<void> {
-    const socket = await openTunnel(t, {
+    const traced = this.deps.trace && traceTunnelOpen(this.deps.trace, t.proxyUri);
+    const opening = openTunnel(traced ? { ...t, traceparent: traced.traceparent } : t, {
       lookup: this.deps.lookup,
       secureContext: this.deps.secureContext,
       signal: this.signal,
     });
+    const socket = await (traced ? traced.span.until(opening) : opening);
     if (this.lingerTimer) clearTimeout(this.lingerTimer);
     this.lingerTimer = undefined;
     const session = performServerHandshake(socket, { ...H2_SESSION_OPTIONS });
@@ -174,7 +179,9 @@ export class StatefulSession {
     const { cfg } = this.deps;
     this.calls++;
     const { host, port } = cfg.inference;
-    await forwardStream(
+    const extra: Record<string, string> = {};
+    const span = this.deps.trace && traceGrpcInference(this.deps.trace, headers, cfg.inference, extra);
+    const result = await forwardStream(
       stream,
       headers,
       !!(flags & 0x1),
@@ -186,9 +193,14 @@ export class StatefulSession {
         "nvcf-function-version-id": cfg.functionVersionId,
         "nvcf-ncaid": this.req.ncaId || cfg.ncaId,
         "nvcf-sub": this.req.subject,
+        ...extra,
       }),
       { failure: resetFailure(`the inference server at ${host}:${port}`) },
     );
+    span
+      ?.set("rpc.grpc.status_code", result.grpcStatus === undefined ? undefined : Number(result.grpcStatus))
+      .set(ATTR.outcome, result.outcome)
+      .end(result.outcome === "ok" ? undefined : result.outcome);
   }
 
   /** A client resuming the session through another replica: one more tunnel, to that replica. */

@@ -14,6 +14,8 @@ export interface TunnelTarget {
   proxyUri: string;
   token: string;
   requestId: string;
+  /** The W3C traceparent of the worker's span for the tunnel, sent on the CONNECT. */
+  traceparent?: string | undefined;
 }
 
 export class TunnelError extends Error {
@@ -123,7 +125,7 @@ function handshake(socket: Socket, t: TunnelTarget): Promise<Socket> {
     socket.on("data", onData);
     socket.once("close", onClose);
     socket.write(
-      `CONNECT ${t.proxyUri} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${t.token}\r\nX-Request-ID: ${t.requestId}\r\n\r\n`,
+      `CONNECT ${t.proxyUri} HTTP/1.1\r\nHost: ${u.host}\r\nAuthorization: Bearer ${t.token}\r\nX-Request-ID: ${t.requestId}\r\n${t.traceparent ? `traceparent: ${t.traceparent}\r\n` : ""}\r\n`,
     );
   });
 }

@@ -13,6 +13,7 @@ import { timestampMs } from "@bufbuild/protobuf/wkt";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Pool } from "undici";
 import type { Logger } from "../../lib/log.js";
+import type { TraceSpan } from "../../lib/tracing/index.js";
 import { subjects } from "../../lib/nats/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
@@ -34,6 +35,8 @@ export interface WorkDeps {
   nc: NatsConnection;
   /** Small answers over NATS (nats-answer.ts); without it every answer is posted. */
   answers?: NatsAnswers | undefined;
+  /** The span of this work item (dispatch.ts): its calls are spans under it. */
+  trace?: TraceSpan | undefined;
 }
 
 export type WorkOutcome = AnswerOutcome | "abandoned";
@@ -131,6 +134,7 @@ export class WorkItem {
           slot: this.slot,
           compat: this.compat,
           signal: this.abort.signal,
+          trace: this.deps.trace,
         },
         http1.targetURI,
         http1.requestAuthorizationToken,
