@@ -109,7 +109,14 @@ test("local stack", async (t) => {
           new RegExp(`^callplane_invocations_total\\{[^}]*function_id="${info.demo.httpFunctionId}"`, "m"),
         );
       }
-      // the demo's workers called back through the callback proxy, to the replica holding each request
+      // the small answers above went over NATS; a large one (past what NATS carries: 100 KiB) is
+      // posted through the callback proxy, to the replica holding each request
+      for (const url of info.invocation) {
+        const payload = { large: "x".repeat(100 * 1024) };
+        const r = await invoke(url, info.demo.httpFunctionId, info.demo.apiKey, payload);
+        assert.equal(r.status, 200, r.text.slice(0, 200));
+        assert.deepEqual(r.body, payload);
+      }
       assert.equal(info.proxy, `https://127.0.40.1:${cfg.ports.proxy}`);
       assert.equal(info.workerDomain, "worker.callplane.test");
       assert.ok(info.ca && existsSync(info.ca), "stack.json names the stack CA file");
@@ -246,16 +253,28 @@ test("local stack", async (t) => {
         /invocation\s+\|[# ]+\| {4}send rq\./m,
         /worker\s+\|[# ]+\| {6}process rq\./m,
         /worker\s+\|[# ]+\| {8}POST \/echo$/m,
-        /worker\s+\|[# ]+\| {8}POST request-attach$/m,
-        /invocation\s+\|[# ]+\| {10}POST \/v2\/nvcf\/worker\/request-attach$/m,
+        // the small answer went over NATS to the replica
+        /worker\s+\|[# ]+\| {8}send callplane\.answer\.\*$/m,
       ])
         assert.match(r.stdout, span);
-      // the callback proxy's access line carries the trace id of the worker's callback
+      // a large answer is posted through the callback proxy, whose access line carries the trace id
+      const posted = randomUUID().replaceAll("-", "");
+      const large = await fetch(`${info.invocation[0]}/v2/nvcf/pexec/functions/${info.demo.httpFunctionId}`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${info.demo.apiKey}`,
+          "content-type": "application/json",
+          traceparent: `00-${posted}-00f067aa0ba902b7-01`,
+        },
+        body: JSON.stringify({ large: "x".repeat(100 * 1024) }),
+      });
+      assert.equal(large.status, 200);
+      await large.arrayBuffer();
       await poll(
         "the proxy's access line with the trace id",
         () =>
           readFileSync(join(cfg.dataDir, "logs", "callback-proxy.log"), "utf8").includes(
-            `"traceId":"${traceId}"`,
+            `"traceId":"${posted}"`,
           ),
         10_000,
       );
