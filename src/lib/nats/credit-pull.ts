@@ -4,7 +4,9 @@
 // subscription (SUB, pull, UNSUB): at saturation a worker with a slot free pulls one message at a
 // time, and each SUB/UNSUB also empties nats-server's subject cache for the whole account. Here a
 // pull is one publish: `$JS.API.CONSUMER.MSG.NEXT` with a reply subject naming the pull, under a
-// wildcard subscription of the connection's own inbox.
+// wildcard subscription of the connection's own inbox. Each pull asks for idle heartbeats: a pull
+// the server lost without a word (a consumer leader killed) goes silent, and is asked for again
+// within a few heartbeats instead of after its expiry.
 import {
   createInbox,
   type Msg,
@@ -33,10 +35,13 @@ export interface CreditPullOptions {
   logger: Logger;
   /** How long one pull request waits at the server for messages. */
   expiresMs?: number;
+  /** How often the server says a waiting pull is alive (at most half of `expiresMs`). */
+  heartbeatMs?: number;
   onMessage(m: PulledMessage): void;
 }
 
 interface Pull {
+  /** Messages not yet delivered (an estimate: a message is counted against the oldest pull). */
   remaining: number;
   /** When the server has surely ended it (its expiry, plus a margin). */
   endsAt: number;
@@ -46,15 +51,18 @@ const WORKING = new TextEncoder().encode("+WPI");
 const encoder = new TextEncoder();
 /** After a refusal (a status other than the end of a pull), the next pull waits this long. */
 const REFUSED_PAUSE_MS = 1000;
+/** Pulls heard from for this many heartbeats (plus a second) are taken for lost. */
+const SILENT_HEARTBEATS = 2;
 
 export class CreditPull {
   private readonly subject: string;
   private readonly expiresMs: number;
+  private readonly heartbeatMs: number;
   private base = "";
   private sub: Subscription | undefined;
   private readonly pulls = new Map<string, Pull>();
-  /** Messages asked for and not yet delivered: the sum of the pulls' remaining counts. */
-  private outstanding = 0;
+  /** When the server last said anything to this holder's pulls (a message, a heartbeat, a status), or a pull was sent. */
+  private heardAt = 0;
   private wanted = 0;
   private seq = 0;
   private scheduled = false;
@@ -68,10 +76,11 @@ export class CreditPull {
   ) {
     this.subject = `$JS.API.CONSUMER.MSG.NEXT.${opts.stream}.${opts.consumer}`;
     this.expiresMs = opts.expiresMs ?? 30_000;
+    this.heartbeatMs = Math.min(opts.heartbeatMs ?? 2000, Math.floor(this.expiresMs / 2));
     this.resubscribe();
-    // A pull the server lost (it restarted, the consumer's leader moved) never reports its end:
-    // dropped here once its expiry has surely passed, so its credit is asked for again.
-    this.sweep = setInterval(() => this.dropEnded(Date.now()), Math.min(5000, this.expiresMs)).unref();
+    // A pull the server lost (it restarted, the consumer's leader died) never reports its end:
+    // dropped here once its heartbeats stop or its expiry has surely passed, and asked for again.
+    this.sweep = setInterval(() => this.dropEnded(Date.now()), this.heartbeatMs).unref();
     void this.watchReconnects();
   }
 
@@ -94,7 +103,13 @@ export class CreditPull {
     this.sub?.unsubscribe();
     this.sub = undefined;
     this.pulls.clear();
-    this.outstanding = 0;
+  }
+
+  /** Messages asked for and not yet delivered. */
+  private get outstanding(): number {
+    let n = 0;
+    for (const p of this.pulls.values()) n += p.remaining;
+    return n;
   }
 
   private topUp(): void {
@@ -106,16 +121,19 @@ export class CreditPull {
       return;
     }
     const id = (this.seq = (this.seq + 1) % Number.MAX_SAFE_INTEGER).toString(36);
+    if (this.pulls.size === 0) this.heardAt = now;
     this.pulls.set(id, { remaining: want, endsAt: now + this.expiresMs + 2000 });
-    this.outstanding += want;
+    this.opts.logger.debug({ pull: id, batch: want }, "pull sent");
     try {
       this.nc.publish(
         this.subject,
-        encoder.encode(`{"batch":${want},"expires":${this.expiresMs * 1_000_000}}`),
+        encoder.encode(
+          `{"batch":${want},"expires":${this.expiresMs * 1_000_000},"idle_heartbeat":${this.heartbeatMs * 1_000_000}}`,
+        ),
         { reply: this.base + id },
       );
     } catch (err) {
-      this.end(id);
+      this.pulls.delete(id);
       this.opts.logger.warn({ err: (err as Error).message }, "cannot send a pull request; retrying");
       this.pausedUntil = now + REFUSED_PAUSE_MS;
       this.credit(this.wanted);
@@ -123,14 +141,15 @@ export class CreditPull {
   }
 
   private onMsg(m: Msg): void {
+    this.heardAt = Date.now();
     const status = m.data.length === 0 ? m.headers?.code : undefined;
     if (status !== undefined && status !== 0) {
-      // A status comes on the pull's own reply subject. 100: a heartbeat (none asked for);
-      // 404/408: the pull ended short, Nats-Pending-Messages saying by how many; 409: the server
-      // ended it (consumer deleted, leadership change, too many waiting pulls)
+      // A status comes on the pull's own reply subject. 100: a heartbeat; 404/408: the pull ended
+      // short; 409: the server ended it (consumer deleted, leadership change, too many waiting pulls)
       if (status === 100) return;
-      const pending = Number(m.headers?.get("Nats-Pending-Messages"));
-      this.end(m.subject.slice(this.base.length), Number.isInteger(pending) ? pending : undefined);
+      const id = m.subject.slice(this.base.length);
+      this.opts.logger.debug({ pull: id, status }, "pull ended");
+      this.pulls.delete(id);
       if (status !== 404 && status !== 408) {
         this.opts.logger.warn(
           { status, description: m.headers?.description, consumer: this.opts.consumer },
@@ -145,7 +164,6 @@ export class CreditPull {
     // A message keeps its own subject (the pull is known by the subscription only): it is counted
     // against the oldest pull, as JetStream fills a client's waiting pulls in order.
     for (const [id, pull] of this.pulls) {
-      this.outstanding--;
       if (--pull.remaining <= 0) this.pulls.delete(id);
       break;
     }
@@ -159,20 +177,22 @@ export class CreditPull {
     });
   }
 
-  /** A pull is over: its messages not delivered (`undelivered`, when the server said) are no longer due. */
-  private end(id: string, undelivered?: number): void {
-    const pull = this.pulls.get(id);
-    if (!pull) return;
-    this.pulls.delete(id);
-    // the server's count is exact; the pull's own is an estimate (messages are counted in order)
-    this.outstanding = Math.max(0, this.outstanding - (undelivered ?? pull.remaining));
-  }
-
   private dropEnded(now: number): void {
+    if (this.pulls.size === 0) return;
+    if (now - this.heardAt > SILENT_HEARTBEATS * this.heartbeatMs + 1000) {
+      // every pull goes to the same consumer: silence from one is silence from its leader
+      this.opts.logger.info(
+        { consumer: this.opts.consumer, pulls: this.pulls.size, silentMs: now - this.heardAt },
+        "JetStream stopped answering the pull requests (a consumer leader lost?); pulling again",
+      );
+      this.pulls.clear();
+      this.credit(this.wanted);
+      return;
+    }
     let dropped = false;
     for (const [id, p] of this.pulls)
       if (p.endsAt <= now) {
-        this.end(id);
+        this.pulls.delete(id);
         dropped = true;
       }
     if (dropped) this.credit(this.wanted);
@@ -186,7 +206,6 @@ export class CreditPull {
   private resubscribe(): void {
     this.sub?.unsubscribe();
     this.pulls.clear();
-    this.outstanding = 0;
     this.base = `${createInbox(this.opts.inboxPrefix)}.`;
     this.sub = this.nc.subscribe(`${this.base}*`, {
       callback: (err, m) => {

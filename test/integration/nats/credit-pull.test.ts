@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { AckPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@nats-io/jetstream";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { headers, type NatsConnection } from "@nats-io/transport-node";
 import { CreditPull, type PulledMessage } from "../../../src/lib/nats/index.js";
 import { createLogger } from "../../../src/lib/log.js";
 import { startNats } from "../../testkit/nats.js";
@@ -116,4 +116,54 @@ test("CreditPull asks again when pulls expire, after a server restart, and never
   await publish(nc, "cp2", 1, 4);
   await sleep(700);
   assert.equal(got.length, 4, "nothing is taken after stop()");
+});
+
+test("CreditPull asks again, long before its expiry, for a pull whose heartbeats stopped (a consumer leader lost without a word)", async (t) => {
+  const nats = await startNats(t);
+  const nc = await nats.observe("credit-pull-silent");
+  t.after(() => nc.close());
+  // A stand-in for the consumer's leader (this server holds no stream "ghost"): it keeps the
+  // pulls it is sent, says the first is alive for a while, then goes silent as a killed node does.
+  const pulls: Array<{ reply: string; body: { batch: number; expires: number; idle_heartbeat: number } }> =
+    [];
+  const leader = nc.subscribe("$JS.API.CONSUMER.MSG.NEXT.ghost.w", {
+    callback: (_err, m) => {
+      if (m.reply) pulls.push({ reply: m.reply, body: m.json() });
+    },
+  });
+  t.after(() => leader.unsubscribe());
+  await nc.flush();
+  const got: string[] = [];
+  const pull = new CreditPull(nc, {
+    stream: "ghost",
+    consumer: "w",
+    inboxPrefix: "_INBOX_cp3",
+    logger: createLogger("test", { level: "warn" }),
+    expiresMs: 120_000,
+    heartbeatMs: 200,
+    onMessage: (m) => got.push(new TextDecoder().decode(m.data)),
+  });
+  t.after(() => pull.stop());
+  pull.credit(3);
+  await waitFor("the first pull", () => Promise.resolve(pulls.length >= 1 ? true : undefined));
+  assert.deepEqual(pulls[0].body, { batch: 3, expires: 120_000 * 1e6, idle_heartbeat: 200 * 1e6 });
+  // heartbeats for 2 s: ten silences' worth of time, and the pull is kept
+  for (let i = 0; i < 20; i++) {
+    nc.publish(pulls[0].reply, new Uint8Array(0), { headers: headers(100, "Idle Heartbeat") });
+    await sleep(100);
+  }
+  await nc.flush();
+  assert.equal(pulls.length, 1, "a pull that says it is alive is not asked for again");
+  // silence: asked for again within seconds, not after its two minutes
+  await waitFor(
+    "the pull asked for again",
+    () => Promise.resolve(pulls.length >= 2 ? true : undefined),
+    20_000,
+  );
+  assert.equal(pulls[1].body.batch, 3, "the whole credit is asked for again");
+  assert.notEqual(pulls[1].reply, pulls[0].reply);
+  // the new pull is served: a message on it is taken
+  nc.publish(pulls[1].reply, "m1", { reply: "ghost.ack.1" });
+  await waitFor("the message", () => Promise.resolve(got.length >= 1 ? true : undefined));
+  assert.deepEqual(got, ["m1"]);
 });
