@@ -25,7 +25,7 @@ import { join } from "node:path";
 import { IdentitySigner } from "../../../src/lib/identity/index.js";
 import { waitFor } from "../../testkit/client.js";
 import { call, startApi, startNats, tmpDir } from "../../testkit/index.js";
-import { deployFunction, freePort, startPlane } from "../../testkit/plane.js";
+import { deployFunction, freePort, POSTED_ANSWERS, startPlane } from "../../testkit/plane.js";
 import { lifo } from "../../testkit/proc.js";
 import {
   connectWithNkey,
@@ -277,6 +277,8 @@ test("a stranger cannot rewrite the replica registry; relays go only to the addr
     relay: { enabled: true },
     logs: true,
     workers: 1,
+    // answers posted, so they land on replica 1 and are relayed (over NATS they reach their holder)
+    workerEnv: POSTED_ANSWERS,
   });
   const obs = await plane.nats.observe();
   const kv = await new Kvm(obs).open(REGISTRY_BUCKET);
