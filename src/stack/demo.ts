@@ -5,6 +5,7 @@
 // answer comes from polling) and demo-grpc (the example gRPC server, called through grpc-proxy),
 // and an API key to invoke them. Their ids live in
 // <data>/demo.json so that a second start reuses them instead of creating more functions.
+import { randomBytes } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -285,7 +286,12 @@ export async function invokeDemo(
 ): Promise<{ status: number; body: string; requestId: string }> {
   const res = await request(`${invocationUrl}/v2/nvcf/pexec/functions/${demo.httpFunctionId}`, {
     method: "POST",
-    headers: { authorization: `Bearer ${demo.apiKey}`, "content-type": "application/json" },
+    headers: {
+      authorization: `Bearer ${demo.apiKey}`,
+      "content-type": "application/json",
+      // sampled: the stack records this trace whatever its sample ratio (npm start prints how to see it)
+      traceparent: `00-${randomBytes(16).toString("hex")}-${randomBytes(8).toString("hex")}-01`,
+    },
     body: JSON.stringify(payload),
   });
   return {
