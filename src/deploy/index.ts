@@ -2,7 +2,7 @@
 // object, and write the files.
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { basename, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { checkoutRoot } from "../lib/paths.js";
 import { parse as parseYaml } from "yaml";
 import { writeFileAtomic } from "../lib/fs.js";
 import { loadConfig, type Config } from "../lib/config/index.js";
@@ -15,7 +15,7 @@ export type { RenderResult } from "./render/index.js";
 
 /** callplane's version, from the package.json of this checkout (or of the image, /app). */
 export function callplaneVersion(): string {
-  const file = join(fileURLToPath(import.meta.url), "..", "..", "..", "..", "package.json");
+  const file = join(checkoutRoot, "package.json");
   return (JSON.parse(readFileSync(file, "utf8")) as { version: string }).version;
 }
 

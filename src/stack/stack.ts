@@ -3,8 +3,8 @@
 // own process on its own loopback address, logs to <data>/logs/<service>.log, and is supervised:
 // restarted with backoff if it dies, stopped (drain, then kill) with the stack.
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
-import { join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
+import { distRoot } from "../lib/paths.js";
 import { ensureAdminKeyPair, ensureOperatorCredential, ensureServiceTokens } from "../lib/identity/index.js";
 import { removeTreeSync, writeFileAtomic } from "../lib/fs.js";
 import { ensureCa, ensureServerCert, stackCertificates, TlsReloader } from "../lib/tls/index.js";
@@ -33,7 +33,7 @@ import type { HostPort } from "../lib/net/index.js";
 import { ChildStartError, SupervisedChild, type ChildSpec } from "../lib/process/index.js";
 import { checkListen, descendantPids, processAlive, processCommandLine } from "./preflight.js";
 
-const distSrc = resolve(fileURLToPath(import.meta.url), "..", "..");
+const distSrc = join(distRoot, "src");
 
 export interface StackOptions {
   config: Config;

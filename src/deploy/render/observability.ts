@@ -7,22 +7,13 @@
 // environment file.
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { checkoutRoot } from "../../lib/paths.js";
 import { ConfigMap } from "kubernetes-models/v1";
 import type { RenderContext } from "./context.js";
 import type { K8sObject } from "./types.js";
 
-/** deploy/observability/ in the checkout (this file is dist/src/deploy/render/observability.js). */
-export const OBSERVABILITY_DIR = join(
-  fileURLToPath(import.meta.url),
-  "..",
-  "..",
-  "..",
-  "..",
-  "..",
-  "deploy",
-  "observability",
-);
+/** deploy/observability/ in the checkout. */
+export const OBSERVABILITY_DIR = join(checkoutRoot, "deploy", "observability");
 
 export const GRAFANA_DASHBOARD_LABEL = "grafana_dashboard";
 export const PROMETHEUS_RULE_LABEL = "prometheus_rule";

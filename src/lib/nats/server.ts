@@ -6,7 +6,7 @@ import { mkdirSync } from "node:fs";
 import { writeFileAtomic } from "../fs.js";
 import { connect as netConnect } from "node:net";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { checkoutRoot } from "../paths.js";
 import { natsServerAuthConfig } from "./server-auth.js";
 import { type Permissions } from "./permissions.js";
 import { natsNodes, natsServerAddresses, type NatsLayoutConfig } from "./cluster.js";
@@ -14,7 +14,7 @@ import { formatHostPort, type HostPort } from "../net/index.js";
 
 export function natsServerBinary(configured?: string): string {
   // .tools/ in the checkout is where the bootstrap script puts the one it fetches
-  const local = join(fileURLToPath(import.meta.url), "..", "..", "..", "..", "..", ".tools", "nats-server");
+  const local = join(checkoutRoot, ".tools", "nats-server");
   const candidates = [configured, process.env.CALLPLANE_NATS_SERVER, "nats-server", local].filter(
     (x): x is string => !!x,
   );

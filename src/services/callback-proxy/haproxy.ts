@@ -6,23 +6,13 @@ import { existsSync } from "node:fs";
 import { connect as netConnect } from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { fileURLToPath } from "node:url";
+import { checkoutRoot } from "../../lib/paths.js";
 import type { Logger } from "../../lib/log.js";
 
 /** The HAProxy binary: CALLPLANE_HAPROXY, the PATH, /usr/sbin, or the one the bootstrap fetched. */
 export function haproxyBinary(configured?: string): string {
   // .tools/ in the checkout is where scripts/ensure-haproxy.sh puts the one it fetches
-  const local = join(
-    fileURLToPath(import.meta.url),
-    "..",
-    "..",
-    "..",
-    "..",
-    "..",
-    ".tools",
-    "haproxy",
-    "haproxy",
-  );
+  const local = join(checkoutRoot, ".tools", "haproxy", "haproxy");
   const candidates = [
     configured,
     process.env.CALLPLANE_HAPROXY,

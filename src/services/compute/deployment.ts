@@ -2,14 +2,13 @@
 // environment every instance shares, and the command that runs the function's inference server
 // (an example server of this repository, or the function's own command).
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { distRoot } from "../../lib/paths.js";
 import { LOCAL_COMMAND_IMAGE, localImageRefusal } from "../../lib/local-images.js";
 import type { IdentityProvider } from "./identity.js";
 import type { InstanceUser } from "./instance-user.js";
 import type { InstanceSecretsConfig } from "./secrets.js";
 
 /** The root of the built tree (dist/), where the example servers and the worker agent are. */
-export const distRoot = join(fileURLToPath(import.meta.url), "..", "..", "..", "..");
 export const EXAMPLE_IMAGES = [
   "local/echo",
   "local/sse",

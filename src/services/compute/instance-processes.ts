@@ -8,7 +8,8 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { request } from "undici";
 import type { InstanceStatus } from "../../lib/instance-status.js";
 import { SupervisedChild, type ChildSpec } from "../../lib/process/index.js";
-import { distRoot, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
+import { distRoot } from "../../lib/paths.js";
+import type { DesiredDeployment, InstanceEnvironment } from "./deployment.js";
 import type { InstanceFolders } from "./instance-folders.js";
 import { workerEnvironment } from "./worker-env.js";
 

@@ -13,12 +13,8 @@ import type { Logger } from "../../lib/log.js";
 import type { InstanceStatus } from "../../lib/instance-status.js";
 import { InstanceSecrets } from "./secrets.js";
 import { InstanceIdentity } from "./identity.js";
-import {
-  distRoot,
-  inferenceCommand,
-  type DesiredDeployment,
-  type InstanceEnvironment,
-} from "./deployment.js";
+import { distRoot } from "../../lib/paths.js";
+import { inferenceCommand, type DesiredDeployment, type InstanceEnvironment } from "./deployment.js";
 import { InstanceFolders } from "./instance-folders.js";
 import { InstanceProcesses } from "./instance-processes.js";
 import { programFilesProblem } from "./instance-user.js";
