@@ -11,8 +11,10 @@ import { subjects, type Replies } from "../../lib/nats/index.js";
 import { traceNatsAnswer, type TraceSpan } from "../../lib/tracing/index.js";
 import type { CallbackTarget } from "./callback.js";
 
-/** The largest framed answer sent over NATS (the rest go by POST). */
-export const NATS_ANSWER_MAX_BYTES = 64 * 1024 + 8 * 1024;
+/** The largest answer body the worker holds whole (of known length); larger ones stream. */
+export const SMALL_ANSWER_BYTES = 64 * 1024;
+/** The largest framed answer sent over NATS (a small body and its head; the rest go by POST). */
+export const NATS_ANSWER_MAX_BYTES = SMALL_ANSWER_BYTES + 8 * 1024;
 /** How long the replica has to deliver the answer to its client before the POST is tried. */
 const ANSWER_TIMEOUT_MS = 10_000;
 

@@ -11,10 +11,9 @@ import type { TraceSpan } from "../../lib/tracing/index.js";
 import type { CallbackClient, CallbackTarget } from "./callback.js";
 import type { WorkerConfig } from "./config.js";
 import { WorkerError } from "./inference-call.js";
-import type { NatsAnswers, ReplicaReply } from "./nats-answer.js";
+import { SMALL_ANSWER_BYTES, type NatsAnswers, type ReplicaReply } from "./nats-answer.js";
 
 const ERROR_BODY_LIMIT = 64 * 1024;
-const SMALL_BODY = 64 * 1024;
 
 /** How the final answer ended (a work item may also end "abandoned", before any final answer). */
 export type AnswerOutcome = "answered" | "cancelled" | "failed";
@@ -97,9 +96,9 @@ export class ReplicaAnswer {
     const contentLength = typeof cl === "string" && /^\d+$/.test(cl) ? Number(cl) : undefined;
     const head = serializeResponseHead(r.statusCode, headers);
     const inner = r.body;
-    if (contentLength !== undefined && contentLength <= SMALL_BODY) {
+    if (contentLength !== undefined && contentLength <= SMALL_ANSWER_BYTES) {
       // A small answer of known size goes out in one write: head and body together. Reading at most
-      // SMALL_BODY bytes keeps memory bounded; larger or open-ended answers stream below.
+      // SMALL_ANSWER_BYTES keeps memory bounded; larger or open-ended answers stream below.
       const bytes = Buffer.from(await inner.arrayBuffer());
       await this.post(target, Buffer.concat([head, bytes]), head.length + bytes.length);
       return "answered";
