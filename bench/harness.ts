@@ -329,6 +329,44 @@ export function wrkScript(
   return file;
 }
 
+/** One load run: wrk (C) when installed, since a Node load generator would take a large share of two cores; else autocannon. */
+export async function loadOnce(o: {
+  url: string;
+  headers: Record<string, string>;
+  body: Buffer;
+  seconds: number;
+  connections: number;
+  /** Where wrk's script is written. */
+  scriptFile: string;
+}): Promise<LoadResult & { loadgen: "wrk" | "autocannon"; loadgenCpuMs: number }> {
+  if (hasWrk()) {
+    const u = new URL(o.url);
+    const script = wrkScript(o.scriptFile, "POST", u.pathname, o.headers, o.body.length);
+    const w = await wrk(u.origin, script, { seconds: o.seconds, connections: o.connections });
+    return {
+      requests: w.requests,
+      rps: w.rps,
+      p50: w.p50ms,
+      p99: w.p99ms,
+      errors: w.errors,
+      non2xx: 0,
+      durationS: o.seconds,
+      loadgen: "wrk",
+      loadgenCpuMs: w.cpuMs,
+    };
+  }
+  const lg0 = process.cpuUsage();
+  const r = await load({
+    url: o.url,
+    headers: o.headers,
+    connections: o.connections,
+    seconds: o.seconds,
+    body: o.body,
+  });
+  const u = process.cpuUsage(lg0);
+  return { ...r, loadgen: "autocannon", loadgenCpuMs: (u.user + u.system) / 1000 };
+}
+
 /** A process's resident memory now (VmRSS) or at its peak (VmHWM), in KiB. */
 export function rssKiB(pid: number, field: "VmRSS" | "VmHWM" = "VmRSS"): number {
   const m = new RegExp(`^${field}:\\s+(\\d+)`, "m").exec(readFileSync(`/proc/${pid}/status`, "utf8"));

@@ -8,17 +8,7 @@
 // over the rounds, and each ratio the median of the rounds' ratios.
 import { join } from "node:path";
 import { startChain } from "./chain.js";
-import {
-  cpuMs,
-  hasWrk,
-  load,
-  machine,
-  medianOf,
-  sequential,
-  wrk,
-  wrkScript,
-  type LoadResult,
-} from "./harness.js";
+import { cpuMs, load, loadOnce, machine, medianOf, sequential, type LoadResult } from "./harness.js";
 
 export interface InvokeBenchOptions {
   seconds: number;
@@ -53,39 +43,13 @@ export async function benchInvoke(o: InvokeBenchOptions): Promise<Record<string,
       // the roles list every process (the callback proxy's HAProxy processes beside its keeper)
       const cpu = (ps: number[]) => ps.reduce((s, p) => s + cpuMs(p), 0);
       const before = Object.fromEntries(Object.entries(pids).map(([k, ps]) => [k, cpu(ps)]));
-      const lg0 = process.cpuUsage();
-      // wrk (C) when installed: a Node load generator would take a large share of two cores
-      const r = hasWrk()
-        ? await (async () => {
-            const u = new URL(target.url);
-            const script = wrkScript(
-              join(chain.dir, `load-${name}.lua`),
-              "POST",
-              u.pathname,
-              target.headers,
-              body.length,
-            );
-            const w = await wrk(u.origin, script, { seconds: o.seconds, connections: o.connections });
-            return {
-              requests: w.requests,
-              rps: w.rps,
-              p50: w.p50ms,
-              p99: w.p99ms,
-              errors: w.errors,
-              non2xx: 0,
-              durationS: o.seconds,
-              loadgen: "wrk",
-              loadgenCpuMs: w.cpuMs,
-            };
-          })()
-        : {
-            ...(await load({ ...target, connections: o.connections, seconds: o.seconds, body })),
-            loadgen: "autocannon",
-            loadgenCpuMs: (() => {
-              const u = process.cpuUsage(lg0);
-              return (u.user + u.system) / 1000;
-            })(),
-          };
+      const r = await loadOnce({
+        ...target,
+        body,
+        seconds: o.seconds,
+        connections: o.connections,
+        scriptFile: join(chain.dir, `load-${name}.lua`),
+      });
       const per = (ms: number) => Math.round((ms / Math.max(1, r.requests)) * 1000) / 1000;
       return {
         ...r,

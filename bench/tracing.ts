@@ -8,7 +8,7 @@
 import { statSync } from "node:fs";
 import { join } from "node:path";
 import { startChain, type Chain } from "./chain.js";
-import { cpuMs, hasWrk, load, machine, medianOf, wrk, wrkScript } from "./harness.js";
+import { cpuMs, loadOnce, machine, medianOf } from "./harness.js";
 
 export interface TracingBenchOptions {
   seconds: number;
@@ -37,36 +37,14 @@ async function measure(chain: Chain, o: TracingBenchOptions, label: string): Pro
   const pids = chain.roles("viaProxy");
   const cpu = (ps: number[]) => ps.reduce((s, p) => s + cpuMs(p), 0);
   const before = Object.fromEntries(Object.entries(pids).map(([k, ps]) => [k, cpu(ps)]));
-  const r = hasWrk()
-    ? await (async () => {
-        const u = new URL(chain.viaProxy.url);
-        const script = wrkScript(
-          join(chain.dir, `load-${label}.lua`),
-          "POST",
-          u.pathname,
-          headers,
-          body.length,
-        );
-        const w = await wrk(u.origin, script, { seconds: o.seconds, connections: o.connections });
-        return {
-          requests: w.requests,
-          rps: w.rps,
-          p50: w.p50ms,
-          p99: w.p99ms,
-          errors: w.errors,
-          loadgen: "wrk",
-        };
-      })()
-    : {
-        ...(await load({
-          url: chain.viaProxy.url,
-          headers,
-          connections: o.connections,
-          seconds: o.seconds,
-          body,
-        })),
-        loadgen: "autocannon",
-      };
+  const r = await loadOnce({
+    url: chain.viaProxy.url,
+    headers,
+    body,
+    seconds: o.seconds,
+    connections: o.connections,
+    scriptFile: join(chain.dir, `load-${label}.lua`),
+  });
   const per = (ms: number) => round3(ms / Math.max(1, r.requests));
   const byRole = Object.fromEntries(Object.entries(pids).map(([k, ps]) => [k, per(cpu(ps) - before[k])]));
   const total = round3(Object.values(byRole).reduce((s, x) => s + x, 0));
