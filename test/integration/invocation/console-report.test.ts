@@ -8,7 +8,13 @@ import { test } from "node:test";
 import { handle as exampleHandler } from "../../../examples/inference-server.js";
 import { holderHex, newHolderId, newRequestId } from "../../../src/lib/ids.js";
 import { silentLogger } from "../../../src/lib/log.js";
-import { connectNats, INBOX, readWorkerSeed, subjects } from "../../../src/lib/nats/index.js";
+import {
+  connectNats,
+  INBOX,
+  readWorkerSeed,
+  REGISTRY_BUCKET,
+  subjects,
+} from "../../../src/lib/nats/index.js";
 import { ReplicaReports, type ReplicaReport } from "../../../src/services/api/replica-reports.js";
 import { waitFor } from "../../testkit/client.js";
 import { startPlane } from "../../testkit/plane.js";
@@ -206,27 +212,59 @@ test(
   },
 );
 
-test("a worker's NATS identity may not ask the replicas, nor answer for one", LIMIT, async (t) => {
-  const plane = await startPlane(t, { workers: 0 });
-  const w = await connectWithNkey(
-    t,
-    plane.nats,
-    readWorkerSeed(plane.nats.credentialsDir),
-    INBOX.nkeyWorker("x"),
-  );
-  const violation = (kind: "Publish" | "Subscription", subject: string) => {
-    const want = `Permissions Violation for ${kind} to "${subject}"`;
-    return waitFor(`NATS to refuse: ${want}`, () => w.errors.some((e) => e.includes(want)) || undefined, {
-      timeoutMs: 10_000,
-    });
-  };
-  const holder = holderHex(plane.replicas[0].service.holderId);
-  w.nc.publish(subjects.consoleInflight, "{}", { reply: `${INBOX.nkeyWorker("x")}.r` });
-  await violation("Publish", subjects.consoleInflight);
-  w.nc.publish(subjects.consoleRequest(holder), newRequestId(plane.replicas[0].service.holderId));
-  await violation("Publish", subjects.consoleRequest(holder));
-  w.nc.subscribe(subjects.consoleInflight);
-  await violation("Subscription", subjects.consoleInflight);
-  w.nc.subscribe(subjects.consoleRequestFilter);
-  await violation("Subscription", subjects.consoleRequestFilter);
-});
+function violation(errors: string[], kind: "Publish" | "Subscription", subject: string) {
+  const want = `Permissions Violation for ${kind} to "${subject}"`;
+  return waitFor(`NATS to refuse: ${want}`, () => errors.some((e) => e.includes(want)) || undefined, {
+    timeoutMs: 10_000,
+  });
+}
+
+test(
+  "a worker's NATS identity may not ask the replicas, nor answer for one; the API reads the registry but may not write it",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t, { workers: 0, relay: { enabled: true } });
+    const w = await connectWithNkey(
+      t,
+      plane.nats,
+      readWorkerSeed(plane.nats.credentialsDir),
+      INBOX.nkeyWorker("x"),
+    );
+    const holder = holderHex(plane.replicas[0].service.holderId);
+    w.nc.publish(subjects.consoleInflight, "{}", { reply: `${INBOX.nkeyWorker("x")}.r` });
+    await violation(w.errors, "Publish", subjects.consoleInflight);
+    w.nc.publish(subjects.consoleRequest(holder), newRequestId(plane.replicas[0].service.holderId));
+    await violation(w.errors, "Publish", subjects.consoleRequest(holder));
+    w.nc.subscribe(subjects.consoleInflight);
+    await violation(w.errors, "Subscription", subjects.consoleInflight);
+    w.nc.subscribe(subjects.consoleRequestFilter);
+    await violation(w.errors, "Subscription", subjects.consoleRequestFilter);
+
+    // the API's grant: reading the registry is what the console needs; writing or removing it is not
+    const api = await connectNats(plane.nats.access("api"), "api-console-test", silentLogger());
+    t.after(() => api.close());
+    const apiErrors: string[] = [];
+    void (async () => {
+      for await (const s of api.status()) if (s.type === "error") apiErrors.push(s.error.message);
+    })();
+    const reports = new ReplicaReports(api, silentLogger());
+    assert.deepEqual(
+      (await reports.registry()).map((e) => [e.kind, e.holder]),
+      [["invocation", holder]],
+    );
+    for (const subject of [
+      `$KV.${REGISTRY_BUCKET}.${holder}`,
+      `$JS.API.STREAM.DELETE.KV_${REGISTRY_BUCKET}`,
+      `$JS.API.STREAM.PURGE.KV_${REGISTRY_BUCKET}`,
+      `$JS.API.STREAM.UPDATE.KV_${REGISTRY_BUCKET}`,
+    ]) {
+      api.publish(subject, "{}");
+      await violation(apiErrors, "Publish", subject);
+    }
+    assert.deepEqual(
+      (await reports.registry()).map((e) => e.holder),
+      [holder],
+      "the registry is untouched",
+    );
+  },
+);
