@@ -10,12 +10,15 @@ import { holderHex, newHolderId, newRequestId } from "../../../src/lib/ids.js";
 import { silentLogger } from "../../../src/lib/log.js";
 import {
   connectNats,
+  DEFAULT_QUEUE_LIMITS,
   INBOX,
   readWorkerSeed,
   REGISTRY_BUCKET,
   subjects,
 } from "../../../src/lib/nats/index.js";
 import { ReplicaReports, type ReplicaReport } from "../../../src/services/api/replica-reports.js";
+import type { Store } from "../../../src/services/api/store/types.js";
+import { WorkerTrust, type WorkerTrustOptions } from "../../../src/services/api/worker-trust.js";
 import { waitFor } from "../../testkit/client.js";
 import { startPlane } from "../../testkit/plane.js";
 import { connectWithNkey } from "../../testkit/trust.js";
@@ -72,9 +75,24 @@ test(
       inferenceUrl: "/hold",
       inferenceHandler: inference.handler,
     });
-    const nc = await connectNats(plane.nats.access("api"), "api-console-test", silentLogger());
-    t.after(() => nc.close());
-    const reports = new ReplicaReports(nc, silentLogger());
+    // asked as the API asks: through its WorkerTrust, on its APP connection (the console's path)
+    const trustOpts = {
+      region: "test",
+      queue: DEFAULT_QUEUE_LIMITS,
+      workerAuth: "nkey" as const,
+      identity: {} as WorkerTrustOptions["identity"],
+    };
+    const noNats = new WorkerTrust(trustOpts, {} as Store, silentLogger());
+    await noNats.start();
+    assert.equal(noNats.replicaReports(), undefined, "no NATS configured: nothing to ask");
+    const trust = new WorkerTrust(
+      { ...trustOpts, nats: { app: plane.nats.access("api") } },
+      {} as Store,
+      silentLogger(),
+    );
+    await trust.start();
+    t.after(() => trust.close());
+    const reports = trust.replicaReports()!;
     const { fn } = plane;
     const [h0, h1] = plane.replicas.map((r) => holderHex(r.service.holderId));
     const ofReplica = (all: ReplicaReport[], h: string) => all.find((r) => r.holder === h);
