@@ -66,8 +66,9 @@ function loginBody(error?: CallplaneError): Html {
     <h2>Where to get an admin token</h2>
     <ul>
       <li>
-        <code>bin/callplane init</code> prints one (on the machine that runs the stack), or
-        <code>callplane admin token</code> mints one from the admin key.
+        On the machine that runs the stack, <code>bin/callplane admin token</code> prints one (minted from the
+        stack's admin signing key); <code>bin/callplane init</code> gets one from the admin token issuer and
+        saves it in the CLI's state file.
       </li>
       <li>
         With the admin token issuer on: <code>POST &lt;issuer&gt;/v1/admin/keys</code> with the operator
