@@ -28,7 +28,7 @@ import { html, type Html } from "./html.js";
 import { layout, redirect, sendPage, type NavPage } from "./layout.js";
 import { LiveHub } from "./live-hub.js";
 import { checkRequestId, inflightRows, liveBody, requestBody } from "./live.js";
-import type { ReplicaReportsView, ReportsSource } from "./reports.js";
+import type { ReportsSource } from "./reports.js";
 
 export interface ConsoleOptions {
   /** Where the replicas' reports come from; deps.trust.replicaReports() unless given (tests). */
@@ -90,10 +90,9 @@ function errorBody(e: CallplaneError): Html {
 }
 
 export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOptions = {}): ConsoleRoutes {
-  const trust = deps.trust as unknown as { replicaReports?: () => ReplicaReportsView | undefined };
   const c: ConsoleDeps = {
     api: deps,
-    reports: opts.reports ?? (() => trust.replicaReports?.()),
+    reports: opts.reports ?? (() => deps.trust.replicaReports()),
     startedAt: new Date(),
     replicaWaitMs: opts.replicaWaitMs ?? 300,
   };
