@@ -139,6 +139,13 @@ export class WorkerTrust {
     return this.queues !== undefined && natsConnected(this.app);
   }
 
+  /** The APP connection and the server it is on now (the console's health page); undefined without NATS. */
+  natsServer(): { connected: boolean; version?: string; name?: string } | undefined {
+    if (!this.opts.nats) return undefined;
+    const info = this.app?.info;
+    return { connected: natsConnected(this.app), version: info?.version, name: info?.server_name };
+  }
+
   /** Checks the queue again even if this process remembers creating it (someone may have removed it). */
   async recreateQueue(fvid: string): Promise<void> {
     this.queues?.forget(fvid);

@@ -1,0 +1,17 @@
+// What the console reads of the replicas' reports (ReplicaReports, ../replica-reports.ts): the
+// three questions it asks, so that a test may hand a page another source. In the API the source is
+// deps.trust.replicaReports(), undefined while NATS is not configured.
+import type { ReplicaReports } from "../replica-reports.js";
+
+export type {
+  FunctionStats,
+  InFlightRow,
+  RegistryEntry,
+  ReplicaReport,
+  RequestLookup,
+} from "../replica-reports.js";
+
+export type ReplicaReportsView = Pick<ReplicaReports, "snapshot" | "lookup" | "registry">;
+
+/** Where the console gets the replicas' reports now (undefined: NATS is not configured). */
+export type ReportsSource = () => ReplicaReportsView | undefined;
