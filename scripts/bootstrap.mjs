@@ -1,7 +1,7 @@
 // The README's two commands run through here: `npm start` and `npm test` (and `npm run bench`).
 // This file has no dependencies, so it can run on a fresh clone: it installs npm packages when the
 // lockfile changed, builds the TypeScript, finds or installs nats-server 2.10+ (and, for the tests,
-// Python's grpcio, and kube-apiserver with etcd), then hands over.
+// Python's grpcio, kube-apiserver with etcd, and Debian's chromium), then hands over.
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
@@ -124,6 +124,12 @@ function ensureKubernetes() {
   const [bin, etcd] = out.trim().split("\n").slice(-2);
   process.env.CALLPLANE_KUBE_BIN = bin;
   process.env.CALLPLANE_ETCD = etcd;
+}
+
+// The console's browser tests drive Debian's chromium with playwright-core: found at /usr/bin/chromium
+// at the major playwright-core expects, or installed (upgraded) with apt-get.
+function ensureChromium() {
+  run("bash", [join(root, "scripts", "ensure-chromium.sh")], { what: "installing chromium" });
 }
 
 function exec(cmd, args) {
@@ -266,6 +272,7 @@ switch (command) {
     // the gRPC tests call grpc-proxy with Python's grpcio as well (Debian's python3-grpcio)
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
     ensureKubernetes();
+    ensureChromium();
     runChecks();
     runTests(["unit", "integration", "e2e"], rest);
     break;
@@ -281,6 +288,7 @@ switch (command) {
     ensureNatsServer();
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
     ensureKubernetes();
+    if (command === "e2e") ensureChromium();
     runTests([command], rest);
     break;
   }
