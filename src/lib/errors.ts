@@ -101,6 +101,9 @@ export const ERROR_CODES = {
   CONNECT_TOKEN_INVALID: { status: 403, kind: "user", title: "Invalid CONNECT token" },
   // the admission webhook (kubernetes backend)
   ADMISSION_REVIEW_INVALID: { status: 400, kind: "user", title: "Invalid AdmissionReview" },
+  // the operator console (the API's /console pages)
+  CONSOLE_ADMIN_REQUIRED: { status: 403, kind: "user", title: "Console needs an admin token" },
+  CONSOLE_CROSS_ORIGIN: { status: 403, kind: "user", title: "Cross-origin console action refused" },
   // dependencies and internals
   UNAVAILABLE: { status: 503, kind: "system", title: "Dependency unavailable" },
   INTERNAL: { status: 500, kind: "system", title: "Internal error" },
@@ -194,6 +197,8 @@ export const GRPC_STATUS: Record<ErrorCode, GrpcStatus> = {
   CLUSTER_NOT_ENROLLED: GRPC.PERMISSION_DENIED,
   CLUSTER_PROOF_REFUSED: GRPC.PERMISSION_DENIED,
   ADMISSION_REVIEW_INVALID: GRPC.INVALID_ARGUMENT,
+  CONSOLE_ADMIN_REQUIRED: GRPC.PERMISSION_DENIED,
+  CONSOLE_CROSS_ORIGIN: GRPC.PERMISSION_DENIED,
 };
 
 export interface Problem {

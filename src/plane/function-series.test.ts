@@ -18,3 +18,11 @@ test("a version gets its own series up to the limit; later ones share the `other
   assert.deepEqual(made, ["f1/v1", "f1/v2", "other/other"]);
   assert.equal(table.size, 2);
 });
+
+test("values() lists every series made, the shared one last", () => {
+  const table = new FunctionSeriesTable(1, (fid, fvid) => `${fid}/${fvid}`);
+  assert.deepEqual([...table.values()], []);
+  table.get("f1", "v1");
+  table.get("f2", "v2");
+  assert.deepEqual([...table.values()], ["f1/v1", `${OTHER_FUNCTION}/${OTHER_FUNCTION}`]);
+});

@@ -31,6 +31,12 @@ export class FunctionSeriesTable<S> {
     return made;
   }
 
+  /** Every series made so far, the shared one last. */
+  *values(): IterableIterator<S> {
+    yield* this.byVersion.values();
+    if (this.other !== undefined) yield this.other;
+  }
+
   /** How many versions have series of their own. */
   get size(): number {
     return this.byVersion.size;

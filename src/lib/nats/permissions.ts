@@ -42,12 +42,19 @@ const kv = (bucket: string) => ({
   write: `$KV.${bucket}.>`,
 });
 
-/** What no one but the replicas may do: create or write the buckets they own. */
-const replicaOwned = (region: string) => [
-  ...Object.values(REGISTRY_BUCKETS).flatMap((b) => [`$JS.API.STREAM.*.KV_${b}`, `$KV.${b}.>`]),
-  `$JS.API.STREAM.*.KV_${pollBucket(region)}`,
-  `$KV.${pollBucket(region)}.>`,
-];
+/**
+ * What no one but the replicas may do: create, change or write the buckets they own. The API may
+ * read the registries (stream info, direct get: the console lists the live replicas), so the
+ * stream's INFO is not in this list; its other verbs are.
+ */
+const replicaOwned = (region: string) =>
+  [...Object.values(REGISTRY_BUCKETS), pollBucket(region)].flatMap((b) => [
+    ...["CREATE", "UPDATE", "DELETE", "PURGE", "SNAPSHOT", "RESTORE", "LEADER.STEPDOWN"].map(
+      (verb) => `$JS.API.STREAM.${verb}.KV_${b}`,
+    ),
+    `$JS.API.STREAM.MSG.DELETE.KV_${b}`,
+    `$KV.${b}.>`,
+  ]);
 
 /**
  * The work-queue publishing side (invocation, grpc-proxy): work, cancels, polls, removal of one
@@ -75,7 +82,11 @@ const publisher = (role: string, region: string, extra: string[] = []): Permissi
 });
 
 export const SERVICE_ROLES = {
-  /** The control plane: creates each version's work-queue stream and consumer; nothing else. */
+  /**
+   * The control plane: creates each version's work-queue stream and consumer. For the operator
+   * console it reads the replica registries and asks the invocation replicas what they hold
+   * (callplane.console.>; their replies come to its inbox).
+   */
   api: {
     account: NATS_ACCOUNTS.app,
     permissions: ({ region }) => ({
@@ -86,6 +97,8 @@ export const SERVICE_ROLES = {
           "$JS.API.CONSUMER.INFO.*.*",
           "$JS.API.CONSUMER.CREATE.*.>",
           "$JS.API.CONSUMER.DURABLE.CREATE.*.*",
+          ...Object.values(REGISTRY_BUCKETS).map((b) => `$JS.API.DIRECT.GET.KV_${b}.>`),
+          subjects.consoleAll,
         ],
         deny: replicaOwned(region),
       },
@@ -120,7 +133,7 @@ export const SERVICE_ROLES = {
   },
   /**
    * Invocation replicas: publish work, cancel, poll, purge a cancelled message; own the registry;
-   * take the workers' small answers (and reply to each once).
+   * take the workers' small answers and the operator console's questions (and reply to each once).
    */
   invocation: {
     account: NATS_ACCOUNTS.app,
@@ -135,7 +148,14 @@ export const SERVICE_ROLES = {
       ]);
       return {
         ...grant,
-        subscribe: { allow: [...grant.subscribe.allow, subjects.answerFilter] },
+        subscribe: {
+          allow: [
+            ...grant.subscribe.allow,
+            subjects.answerFilter,
+            subjects.consoleInflight,
+            subjects.consoleRequestFilter,
+          ],
+        },
         allowResponses: true,
       };
     },

@@ -19,6 +19,13 @@ export const subjects = {
   // its token (the holder, in hex, as the token begins): services/invocation/answer-message.ts
   answer: (holderHex: string) => `callplane.answer.${holderHex}`,
   answerFilter: "callplane.answer.*",
+  // callplane: the operator console's questions to the invocation replicas, asked by the API
+  // (services/invocation/console-report.ts): every replica answers `inflight` (what it holds now),
+  // only the one a request id names answers `request.<holder>` (how that request went)
+  consoleInflight: "callplane.console.inflight",
+  consoleRequest: (holderHex: string) => `callplane.console.request.${holderHex}`,
+  consoleRequestFilter: "callplane.console.request.*",
+  consoleAll: "callplane.console.>",
 } as const;
 /** The registries of live replicas, one per kind: each kind alone may write its own. */
 export const REGISTRY_BUCKETS = {

@@ -22,6 +22,7 @@ import { addKeyRoutes } from "./routes/keys.js";
 import { addSecretRoutes } from "./routes/secrets.js";
 import { addWorkerTrustRoutes } from "./routes/worker-trust.js";
 import { addClusterRoutes } from "./routes/clusters.js";
+import { addConsoleRoutes } from "./console/routes.js";
 import type { ComputeSettings } from "./instance-types.js";
 import { PlaneMetrics } from "./plane-metrics.js";
 import type { SecretStore } from "./secrets/store.js";
@@ -122,6 +123,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   if (opts.secrets) addSecretRoutes(router, deps);
   // ---- what a client may know before it has a token
   addInfoRoutes(router, deps);
+  // ---- the operator console: HTML pages under /console for plane-wide admins
+  const consolePages = addConsoleRoutes(router, deps);
 
   // bodies here are small JSON documents: a client that stops sending is cut off after 60 s
   const http = createHttpService({
@@ -147,10 +150,13 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
       return http.listen();
     },
     async close(graceMs) {
+      // live streams never end by themselves: they would hold the drain for all of graceMs
+      consolePages.close();
       await http.close(graceMs);
       await trust.close();
     },
     destroy: () => {
+      consolePages.close();
       http.destroy();
       trust.destroy();
     },

@@ -27,6 +27,7 @@ import { decodeJwt } from "jose";
 import { IDENTITY_ISSUER, type IdentitySigner, type VerifiedIdentity } from "../../lib/identity/index.js";
 import type { IdentityStore } from "./identity-store.js";
 import { PodTokens, type PodTokenIdentity, type WorkerTokenRefusal } from "./pod-tokens.js";
+import { ReplicaReports } from "./replica-reports.js";
 import type { Store } from "./store/types.js";
 
 export type WorkerAuthMode = "nkey" | "token";
@@ -73,6 +74,7 @@ export class WorkerTrust {
   private app: NatsConnection | undefined;
   private sys: NatsConnection | undefined;
   private queues: WorkQueues | undefined;
+  private reports: ReplicaReports | undefined;
 
   constructor(
     readonly opts: WorkerTrustOptions,
@@ -90,6 +92,7 @@ export class WorkerTrust {
     if (!this.opts.nats) return;
     this.app = await connectNats(this.opts.nats.app, "api", this.logger, this.registry);
     this.queues = new WorkQueues(this.app, this.opts.region, this.opts.queue);
+    this.reports = new ReplicaReports(this.app, this.logger);
     if (this.opts.nats.sys) this.sys = await connectNats(this.opts.nats.sys, "api-revoker", this.logger);
   }
 
@@ -123,9 +126,24 @@ export class WorkerTrust {
     return this.queues.backlog(fvid);
   }
 
+  /**
+   * What the invocation replicas report to the operator console (their requests in flight, how one
+   * went, the live replicas), over the APP connection; undefined while NATS is not configured.
+   */
+  replicaReports(): ReplicaReports | undefined {
+    return this.reports;
+  }
+
   /** Whether the queues can be read now (NATS configured and connected). */
   get queuesReadable(): boolean {
     return this.queues !== undefined && natsConnected(this.app);
+  }
+
+  /** The APP connection and the server it is on now (the console's health page); undefined without NATS. */
+  natsServer(): { connected: boolean; version?: string; name?: string } | undefined {
+    if (!this.opts.nats) return undefined;
+    const info = this.app?.info;
+    return { connected: natsConnected(this.app), version: info?.version, name: info?.server_name };
   }
 
   /** Checks the queue again even if this process remembers creating it (someone may have removed it). */

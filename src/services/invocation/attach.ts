@@ -84,11 +84,11 @@ function bodyStalled(replica: ReplicaState, p: Pending): void {
   }
   sendProblem(
     p.clientRes,
-    new CallplaneError(
+    (p.problem = new CallplaneError(
       "REQUEST_TIMEOUT",
       `the request body paused for more than ${replica.bodyIdleMs / 1000} s (invocation.bodyIdleSeconds) while a worker was reading it; the request was cancelled. Send the body without pausing`,
       { extra: { requestId: p.requestId } },
-    ),
+    )),
     replica.logger,
     { [NVCF_HEADERS.reqId]: p.requestId, connection: "close" },
   );
@@ -277,13 +277,13 @@ async function keepPollRecord(
       discard();
       sendProblem(
         p.clientRes,
-        new CallplaneError(
+        (p.problem = new CallplaneError(
           "UNAVAILABLE",
           p.poll
             ? `request ${p.requestId} is still in progress, but its poll record could not be refreshed (NATS did not answer in time); poll again shortly`
             : `request ${p.requestId} went in progress, but the record status polls find it by could not be written (NATS did not answer in time), so it was cancelled; invoke again shortly`,
           { cause: err, extra: { requestId: p.requestId } },
-        ),
+        )),
         replica.logger,
         { [NVCF_HEADERS.reqId]: p.requestId },
       );
@@ -348,11 +348,11 @@ export function failClient(replica: ReplicaState, p: Pending, why: string): void
   if (p.state === "done") return;
   sendProblem(
     p.clientRes,
-    new CallplaneError(
+    (p.problem = new CallplaneError(
       "WORKER_RESPONSE_INVALID",
       `the worker's answer to request ${p.requestId} was malformed (${why})`,
       { extra: { requestId: p.requestId } },
-    ),
+    )),
     replica.logger,
     { [NVCF_HEADERS.reqId]: p.requestId },
   );

@@ -4,7 +4,7 @@
 // of the body and to stream the answer. Also the parts a status poll (poll.ts) shares: the poll
 // window, the headers and message handed to the worker, and the window that ends in a 504.
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { CallplaneError } from "../../lib/errors.js";
+import { CallplaneError, toCallplaneError } from "../../lib/errors.js";
 import {
   bearerToken,
   endToEndPairs,
@@ -113,6 +113,7 @@ export async function invoke(
     p.seq = await replica.publisher!.publish(version.functionVersionId, p.requestId, data, ctx.span);
   } catch (err) {
     replica.metrics.mark(p, "rejected");
+    p.problem = toCallplaneError(err);
     replica.release(p);
     throw err;
   }
@@ -256,7 +257,7 @@ function windowEnded(replica: ReplicaState, p: Pending, windowSeconds: number): 
   );
   sendProblem(
     p.clientRes,
-    new CallplaneError(
+    (p.problem = new CallplaneError(
       "INVOCATION_TIMEOUT",
       p.poll
         ? `the worker did not answer the status request within ${windowSeconds} s; poll again`
@@ -264,7 +265,7 @@ function windowEnded(replica: ReplicaState, p: Pending, windowSeconds: number): 
           ? `a worker took request ${p.requestId}, but the request body did not finish arriving within ${windowSeconds} s, so no answer could come; the request was cancelled. Send the body without pausing`
           : `no worker answered function ${p.functionId} (version ${p.version.functionVersionId}) within ${windowSeconds} s; the request was cancelled and removed from the queue. Check that the function is deployed and its instances are ACTIVE (callplane deploy get)`,
       { extra: { requestId: p.requestId } },
-    ),
+    )),
     replica.logger,
     { [NVCF_HEADERS.reqId]: p.requestId },
   );

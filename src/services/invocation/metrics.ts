@@ -21,6 +21,9 @@ import {
   type HistogramCell,
 } from "../../lib/metric-cells.js";
 import { DEFAULT_FUNCTION_SERIES_LIMIT, FunctionSeriesTable } from "../../plane/function-series.js";
+import { RecentWindow } from "../../plane/recent-window.js";
+import type { CallplaneError } from "../../lib/errors.js";
+import { EndedRequests } from "./ended-requests.js";
 
 /**
  * answered: the worker's answer reached the client in full (whatever its status: a 202 too);
@@ -48,6 +51,11 @@ export interface Counted {
   started: number;
   state: "queued" | "responding" | "done";
   clientRes: ServerResponse;
+  requestId: string;
+  functionId: string;
+  version: { functionVersionId: string };
+  /** The error the plane answered the client with, when it did (kept for the console's lookup). */
+  problem?: CallplaneError | undefined;
 }
 
 /** The cells of one function version. */
@@ -55,6 +63,8 @@ export class InvocationSeries {
   readonly inFlight: GaugeCell;
   readonly firstByte: HistogramCell;
   readonly duration: HistogramCell;
+  /** The last minute, for the operator console (console-report.ts). */
+  readonly recent = new RecentWindow();
   private readonly counts: Array<CounterCell | undefined> = new Array<CounterCell | undefined>(
     INVOCATION_OUTCOMES.length * STATUS_CLASSES.length,
   ).fill(undefined);
@@ -69,8 +79,11 @@ export class InvocationSeries {
     this.duration = m.duration.cell(functionId, functionVersionId);
   }
 
-  /** Counts one ended invocation; `status` 0 when no answer went out. */
-  end(outcome: InvocationOutcome, status: number, started: number): void {
+  /**
+   * Counts one ended invocation; `status` 0 when no answer went out. An error, in the console's
+   * minute: no worker answered in time, the plane failed it, or the client got a 5xx.
+   */
+  end(outcome: InvocationOutcome, status: number, started: number, now = Date.now()): void {
     const cls = statusClassIndex(status);
     const i = OUTCOME_INDEX[outcome] * STATUS_CLASSES.length + cls;
     const cell = (this.counts[i] ??= this.m.invocations.cell(
@@ -80,7 +93,9 @@ export class InvocationSeries {
       STATUS_CLASSES[cls],
     ));
     cell.inc();
-    this.duration.observe((Date.now() - started) / 1000);
+    const ms = now - started;
+    this.duration.observe(ms / 1000);
+    this.recent.record(now, ms, outcome === "timeout" || outcome === "failed" || status >= 500);
   }
 
   /**
@@ -104,6 +119,8 @@ export class InvocationMetrics {
   readonly duration: HistogramFamily;
   readonly inFlight: GaugeFamily;
   readonly attaches: Counter;
+  /** How the last requests ended, for the operator console's lookup. */
+  readonly ended = new EndedRequests();
   private readonly series: FunctionSeriesTable<InvocationSeries>;
 
   constructor(registry: Registry, functionSeriesLimit = DEFAULT_FUNCTION_SERIES_LIMIT) {
@@ -147,6 +164,11 @@ export class InvocationMetrics {
     return this.series.get(functionId, functionVersionId);
   }
 
+  /** Every function version's series (and the shared one past the limit). */
+  allSeries(): Iterable<InvocationSeries> {
+    return this.series.values();
+  }
+
   /** The request is held from here until its client's response closes. */
   held(p: Counted): void {
     p.fn?.inFlight.inc();
@@ -178,6 +200,20 @@ export class InvocationMetrics {
       if (p.state !== "done") outcome = "client_gone";
       else if (outcome === "answered") outcome = "failed";
     }
-    fn.end(outcome, sentStatus(res), p.started);
+    const status = sentStatus(res);
+    const now = Date.now();
+    fn.end(outcome, status, p.started, now);
+    const problem = outcome === "client_gone" ? undefined : p.problem;
+    this.ended.record(
+      p.requestId,
+      p.functionId,
+      p.version.functionVersionId,
+      outcome,
+      status,
+      outcome === "client_gone" ? "CLIENT_GONE" : problem?.code,
+      outcome === "client_gone" ? "the client left before its answer was out in full" : problem?.message,
+      now - p.started,
+      now,
+    );
   }
 }

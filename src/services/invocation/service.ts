@@ -15,6 +15,7 @@ import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
 import { WorkerTlsListener, callbackHostName, createClientListener, podAddress } from "./listeners.js";
 import type { InvocationServiceOptions } from "./options.js";
 import { listenForAnswers } from "./answer-message.js";
+import { listenForConsole } from "./console-report.js";
 import { ReplicaState } from "./state.js";
 
 export type { InvocationServiceOptions } from "./options.js";
@@ -62,6 +63,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
         new Replies(nc, opts.nats.inboxPrefix),
       );
       replica.answers = listenForAnswers(replica, nc);
+      replica.console = listenForConsole(replica, nc);
       const url = await http.listen();
       const tlsUrl = await workerTls?.listen();
       replica.targetUri = podAddress(opts, url, tlsUrl);

@@ -8,6 +8,7 @@
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { IncomingMessage, ServerResponse } from "node:http";
+import type { CallplaneError } from "../../lib/errors.js";
 import { newHolderId } from "../../lib/ids.js";
 import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
@@ -53,6 +54,8 @@ export interface Pending {
   fn?: InvocationSeries | undefined;
   /** How it ended, marked where that is decided; counted when the client's response closes. */
   outcome?: InvocationOutcome | undefined;
+  /** The error the plane answered the client with (a 504, a 502...), for the console's lookup. */
+  problem?: CallplaneError | undefined;
 }
 
 /** What the poll bucket keeps of a request that went in progress (202), keyed by its id. */
@@ -69,6 +72,8 @@ export class ReplicaState {
   readonly logger: Logger;
   readonly registry: Registry;
   readonly holderId: number;
+  /** When this replica started (ISO 8601), as its console report says. */
+  readonly startedAt = new Date().toISOString();
   readonly region: string;
   readonly inlineLimit: number;
   readonly poll: PollSettings;
@@ -94,6 +99,8 @@ export class ReplicaState {
   nc: NatsConnection | undefined;
   /** The workers' small answers over NATS (answer-message.ts). */
   answers: Subscription | undefined;
+  /** The operator console's questions (console-report.ts). */
+  console: Subscription[] | undefined;
   publisher: WorkPublisher | undefined;
   /** The callback target handed to workers (the pod address). */
   targetUri = "";

@@ -227,4 +227,23 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX instances_by_worker_sub ON instances(worker_sub);
     `,
   },
+  {
+    version: 7,
+    part: "store",
+    name: "the operator console's audit log",
+    // one row per action an operator took in the console (scale, undeploy, revoke-identity): who,
+    // what, on what; detail is a JSON document (the action's fields). Read newest first, paged; the
+    // insertion order breaks ties between actions of the same millisecond.
+    sql: (t) => `
+      CREATE TABLE audit_log (
+        id      TEXT PRIMARY KEY,
+        at      ${t.isoTime} NOT NULL,
+        actor   TEXT NOT NULL,
+        action  TEXT NOT NULL,
+        target  TEXT NOT NULL,
+        detail  TEXT NOT NULL${t.insertionOrderColumn}
+      );
+      CREATE INDEX audit_log_by_time ON audit_log(at);
+    `,
+  },
 ];

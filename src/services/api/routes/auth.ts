@@ -98,7 +98,11 @@ export class ApiAuth {
   }
 
   async authenticate(req: IncomingMessage): Promise<Principal | KeyPrincipal> {
-    const token = bearerToken(req);
+    return this.authenticateToken(bearerToken(req));
+  }
+
+  /** Who a token is, wherever it came from (the console also takes it from its cookie). */
+  async authenticateToken(token: string): Promise<Principal | KeyPrincipal> {
     if (token.startsWith("cps-")) {
       const h = sha256Hex(token);
       const svc = this.serviceHashes.find((s) => constantTimeEqualHex(s.hash, h));

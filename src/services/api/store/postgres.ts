@@ -15,6 +15,10 @@ import {
   type ClusterKeysRow,
   workerSubColumn,
   accountFromRow,
+  AUDIT_INSERT,
+  auditFromRow,
+  auditParams,
+  type AuditRow,
   clusterFromRow,
   type ClusterRow,
   instanceWorkerAuthFromRow,
@@ -377,6 +381,17 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
         [tokenId],
       );
       return r?.revoked_at;
+    },
+    async appendAudit(e) {
+      await q(AUDIT_INSERT, auditParams(e));
+    },
+    async listAudit({ limit, offset }) {
+      return (
+        await rows<AuditRow>("SELECT * FROM audit_log ORDER BY at DESC, seq DESC LIMIT ? OFFSET ?", [
+          limit,
+          offset,
+        ])
+      ).map(auditFromRow);
     },
     async close() {
       await pool.end();

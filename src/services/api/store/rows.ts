@@ -2,6 +2,7 @@
 // SQLite and PostgreSQL (MIGRATIONS in ../db/migrations.ts), so the mapping is too.
 import type {
   AccountRecord,
+  AuditRecord,
   ApiKeyRecord,
   ClusterKeysRecord,
   ClusterRecord,
@@ -196,6 +197,33 @@ export const accountFromRow = (r: AccountRow): AccountRecord => ({
   name: r.name,
   createdAt: r.created_at,
 });
+
+export interface AuditRow {
+  id: string;
+  at: string;
+  actor: string;
+  action: string;
+  target: string;
+  detail: string;
+}
+export const auditFromRow = (r: AuditRow): AuditRecord => ({
+  id: r.id,
+  at: r.at,
+  actor: r.actor,
+  action: r.action as AuditRecord["action"],
+  target: r.target,
+  detail: JSON.parse(r.detail) as Record<string, unknown>,
+});
+export const AUDIT_INSERT =
+  "INSERT INTO audit_log (id, at, actor, action, target, detail) VALUES (?, ?, ?, ?, ?, ?)";
+export const auditParams = (e: AuditRecord): unknown[] => [
+  e.id,
+  e.at,
+  e.actor,
+  e.action,
+  e.target,
+  JSON.stringify(e.detail),
+];
 
 export const VERSION_SELECT = `SELECT v.version_id, v.function_id, f.name, f.nca_id, v.spec, v.created_at
   FROM function_versions v JOIN functions f ON f.function_id = v.function_id`;

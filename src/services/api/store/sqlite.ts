@@ -15,6 +15,10 @@ import {
   type ClusterKeysRow,
   workerSubColumn,
   accountFromRow,
+  AUDIT_INSERT,
+  auditFromRow,
+  auditParams,
+  type AuditRow,
   clusterFromRow,
   type ClusterRow,
   instanceWorkerAuthFromRow,
@@ -313,6 +317,16 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
       const r = db.prepare("SELECT revoked_at FROM revoked_admin_tokens WHERE token_id = ?").get(tokenId) as
         { revoked_at: string } | undefined;
       return r?.revoked_at;
+    },
+    async appendAudit(e) {
+      db.prepare(AUDIT_INSERT).run(...auditParams(e));
+    },
+    async listAudit({ limit, offset }) {
+      return (
+        db
+          .prepare("SELECT * FROM audit_log ORDER BY at DESC, rowid DESC LIMIT ? OFFSET ?")
+          .all(limit, offset) as AuditRow[]
+      ).map(auditFromRow);
     },
     async close() {
       db.close();

@@ -164,6 +164,23 @@ export interface ApiKeyRecord {
   revokedAt?: string | undefined;
 }
 
+/** The console's actions that the audit log records. */
+export const AUDIT_ACTIONS = ["scale", "undeploy", "revoke-identity"] as const;
+export type AuditAction = (typeof AUDIT_ACTIONS)[number];
+
+/** One action an operator took in the console (the table audit_log). */
+export interface AuditRecord {
+  id: string;
+  at: string;
+  /** Who: the admin token's subject, else its id. */
+  actor: string;
+  action: AuditAction;
+  /** What it acted on: a deployment (functionId/versionId) or an instance id. */
+  target: string;
+  /** The action's fields (before and after, for a scale), as JSON. */
+  detail: Record<string, unknown>;
+}
+
 export interface Store {
   createFunction(v: FunctionVersionRecord): Promise<void>;
   createVersion(v: FunctionVersionRecord): Promise<void>;
@@ -244,6 +261,11 @@ export interface Store {
   /** Revokes an admin token by its id (its `jti`); false when it already was. */
   revokeAdminToken(tokenId: string, at: string): Promise<boolean>;
   adminTokenRevokedAt(tokenId: string): Promise<string | undefined>;
+
+  /** Records one console action. */
+  appendAudit(e: AuditRecord): Promise<void>;
+  /** The audit log, newest first: `limit` entries after skipping `offset`. */
+  listAudit(opts: { limit: number; offset: number }): Promise<AuditRecord[]>;
 
   close(): Promise<void>;
 }

@@ -1,0 +1,63 @@
+// What the invocation replicas tell the operator console, on the wire (JSON over NATS request-reply):
+// the API asks (services/api/replica-reports.ts), each replica answers
+// (services/invocation/console-report.ts). The two services meet here, not in each other's code.
+//
+// callplane.console.inflight        body ConsoleInflightQuery, every replica replies a ReplicaReport
+// callplane.console.request.<holder> body a request id, the replica that holds it replies a RequestLookup
+
+export interface InFlightRow {
+  requestId: string;
+  functionId: string;
+  versionId: string;
+  state: "queued" | "responding";
+  ageMs: number;
+  /** A status poll (GET /v2/nvcf/pexec/status/{id}) waiting on this replica, not a new request. */
+  poll: boolean;
+}
+
+export interface FunctionStats {
+  functionId: string;
+  versionId: string;
+  /** over the last 60 s on this replica (plane/recent-window.ts) */
+  requests: number;
+  /** timed out, failed by the plane, or answered with a 5xx */
+  errors: number;
+  p50Ms: number | undefined;
+  p99Ms: number | undefined;
+  inFlight: number;
+}
+
+export interface ReplicaReport {
+  kind: "invocation";
+  holder: string;
+  version: string;
+  startedAt: string;
+  /** Requests held (status polls included) that match the query's functionId, or all of them. */
+  inFlight: number;
+  /** Oldest first, at most the query's limit. */
+  requests: InFlightRow[];
+  /** Function versions with requests held or ended in the last minute. */
+  functions: FunctionStats[];
+}
+
+export interface RequestLookup {
+  requestId: string;
+  holder: string;
+  state: "queued" | "responding" | "answered" | "failed" | "unknown";
+  functionId?: string;
+  versionId?: string;
+  ageMs?: number;
+  status?: number;
+  code?: string;
+  detail?: string;
+  durationMs?: number;
+  endedAt?: string;
+}
+
+export interface ConsoleInflightQuery {
+  limit?: number;
+  functionId?: string;
+}
+
+/** Rows a report carries unless asked otherwise, and at most (1000 rows are about 200 KB). */
+export const INFLIGHT_ROWS = { default: 200, max: 1000 } as const;

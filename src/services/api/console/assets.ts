@@ -1,0 +1,97 @@
+// The console's only assets, served by the API itself from /console/assets/ (no page loads
+// anything from elsewhere): the stylesheet and the live page's script. They are strings in this
+// module, so the TypeScript build that makes dist/ carries them with no copy step. Each has an ETag
+// (its hash), so a browser revalidates cheaply after the short max-age.
+import { createHash } from "node:crypto";
+
+const CSS = `
+:root { color-scheme: light dark; --fg: #1b1f24; --bg: #fff; --muted: #57606a; --line: #d0d7de;
+  --up: #1a7f37; --down: #cf222e; --degraded: #9a6700; --unknown: #57606a; --accent: #0969da; }
+@media (prefers-color-scheme: dark) {
+  :root { --fg: #e6edf3; --bg: #0d1117; --muted: #8d96a0; --line: #30363d;
+    --up: #3fb950; --down: #f85149; --degraded: #d29922; --unknown: #8d96a0; --accent: #4493f8; }
+}
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg); background: var(--bg); }
+header { display: flex; flex-wrap: wrap; align-items: center; gap: .5rem 1.5rem; padding: .6rem 1rem; border-bottom: 1px solid var(--line); }
+.brand { font-weight: 600; color: var(--fg); text-decoration: none; }
+nav { display: flex; flex-wrap: wrap; align-items: center; gap: .5rem 1rem; flex: 1; }
+nav ul { display: flex; flex-wrap: wrap; gap: .25rem 1rem; list-style: none; margin: 0; padding: 0; flex: 1; }
+nav a { color: var(--accent); text-decoration: none; padding: .2rem 0; }
+nav a[aria-current="page"] { color: var(--fg); font-weight: 600; border-bottom: 2px solid var(--accent); }
+a:focus-visible, button:focus-visible, input:focus-visible { outline: 3px solid var(--accent); outline-offset: 2px; }
+main { padding: 1rem; max-width: 1400px; }
+h1 { font-size: 1.4rem; margin: .2rem 0 1rem; }
+h2 { font-size: 1.1rem; margin: 1.5rem 0 .5rem; }
+.table-wrap { overflow-x: auto; }
+table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+th, td { text-align: left; padding: .35rem .6rem; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { font-weight: 600; color: var(--muted); white-space: nowrap; }
+td.num, th.num { text-align: right; }
+code, .id { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: .9em; word-break: break-all; }
+.state { font-weight: 600; }
+[data-state="up"] .state, .state-up { color: var(--up); }
+[data-state="down"] .state, .state-down { color: var(--down); }
+[data-state="degraded"] .state { color: var(--degraded); }
+[data-state="unknown"] .state { color: var(--unknown); }
+.muted { color: var(--muted); }
+form.inline, form.scale, form.undeploy, form.revoke-identity { display: inline-flex; flex-wrap: wrap; gap: .3rem; align-items: center; margin: 0; }
+input[type="number"] { width: 5rem; }
+input, button { font: inherit; padding: .3rem .5rem; border: 1px solid var(--line); border-radius: 4px; background: var(--bg); color: var(--fg); }
+button { cursor: pointer; background: var(--accent); color: #fff; border-color: var(--accent); }
+button.danger { background: var(--down); border-color: var(--down); }
+.logout button { background: transparent; color: var(--accent); }
+.filter, .lookup, .login { display: flex; flex-wrap: wrap; gap: .5rem; align-items: end; margin: 0 0 1rem; }
+.login { flex-direction: column; align-items: stretch; max-width: 28rem; }
+label { display: flex; flex-direction: column; gap: .2rem; font-size: .9rem; color: var(--muted); }
+.error { border-left: 4px solid var(--down); padding: .5rem .8rem; margin: 0 0 1rem; }
+.confirm { border-left: 4px solid var(--degraded); padding: .5rem .8rem; margin: 0 0 1rem; }
+.pager { display: flex; gap: 1rem; margin: 1rem 0; }
+dl { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; }
+dt { color: var(--muted); }
+dd { margin: 0; }
+@media (max-width: 700px) {
+  main { padding: .6rem; }
+  th, td { padding: .3rem .4rem; }
+  dl { grid-template-columns: 1fr; }
+}
+`;
+
+// Replaces the live table's body with what the server rendered (the server escaped it); the
+// browser reconnects by itself when the stream drops.
+const LIVE_JS = `"use strict";
+(function () {
+  var body = document.querySelector("#inflight tbody");
+  var status = document.getElementById("live-status");
+  if (!body || typeof EventSource === "undefined") return;
+  var source = new EventSource("/console/live/events");
+  source.addEventListener("inflight", function (e) {
+    body.innerHTML = e.data;
+    if (status) status.textContent = "updated " + new Date().toLocaleTimeString();
+  });
+  source.addEventListener("error", function () {
+    if (status) status.textContent = "reconnecting…";
+  });
+})();
+`;
+
+export interface Asset {
+  body: string;
+  contentType: string;
+  etag: string;
+}
+
+function asset(body: string, contentType: string): Asset {
+  return {
+    body,
+    contentType,
+    etag: `"${createHash("sha256").update(body).digest("base64url").slice(0, 16)}"`,
+  };
+}
+
+export const ASSETS: Readonly<Record<string, Asset>> = {
+  "console.css": asset(CSS, "text/css; charset=utf-8"),
+  "live.js": asset(LIVE_JS, "text/javascript; charset=utf-8"),
+};
+
+export const ASSET_PATHS = { css: "/console/assets/console.css", liveJs: "/console/assets/live.js" } as const;

@@ -1,0 +1,30 @@
+// What every console page works with: the API's own dependencies (store, auth, worker trust) and
+// where the replicas' reports come from.
+import type { ApiDeps } from "../routes/deps.js";
+import type { ReportsSource } from "./reports.js";
+
+export interface ConsoleDeps {
+  api: ApiDeps;
+  reports: ReportsSource;
+  /** When this API process started (the health page's api row). */
+  startedAt: Date;
+  /** How long a page waits for the replicas to answer (ReplicaReports.snapshot's waitMs). */
+  replicaWaitMs: number;
+}
+
+export const PAGE_SIZE = 50;
+
+/** A page number from the query (1 when absent or not a positive integer). */
+export function pageNumber(raw: string | null): number {
+  const n = Number(raw);
+  return Number.isInteger(n) && n >= 1 && n <= 1_000_000 ? n : 1;
+}
+
+export function formatAge(ms: number): string {
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  const s = ms / 1000;
+  if (s < 120) return `${s.toFixed(1)} s`;
+  const m = s / 60;
+  if (m < 120) return `${m.toFixed(0)} min`;
+  return `${(m / 60).toFixed(1)} h`;
+}

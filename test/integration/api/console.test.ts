@@ -1,0 +1,423 @@
+// The operator console (/console on the API) over HTTP, as a browser or a script uses it: a real
+// API (SQLite, NATS from testkit) on 127.0.0.1:0. Who gets in (no token, an API key, an account's
+// admin token, a bad token, a plane-wide admin by Bearer and by the login cookie), what the pages
+// show (health rows, functions filtered by name, a function's deployments and instances), the
+// actions (confirmed first, then applied, then in the audit log), and the same-origin rule.
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { test } from "node:test";
+import {
+  call,
+  sampleDeployment,
+  sampleFunction,
+  startApi,
+  startNats,
+  type ApiFixture,
+} from "../../testkit/index.js";
+
+interface FunctionDto {
+  id: string;
+  versionId: string;
+  name: string;
+}
+
+interface Page {
+  status: number;
+  headers: Headers;
+  text: string;
+}
+
+async function get(url: string, headers: Record<string, string> = {}): Promise<Page> {
+  const r = await fetch(url, { headers, redirect: "manual" });
+  return { status: r.status, headers: r.headers, text: await r.text() };
+}
+
+async function post(
+  url: string,
+  form: Record<string, string>,
+  headers: Record<string, string> = {},
+): Promise<Page> {
+  const r = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/x-www-form-urlencoded", ...headers },
+    body: new URLSearchParams(form).toString(),
+    redirect: "manual",
+  });
+  return { status: r.status, headers: r.headers, text: await r.text() };
+}
+
+const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
+
+/** The opening tags of a table's rows that carry `attr` (the contract's data- attributes). */
+function rows(page: string, attr: string): string[] {
+  return [...page.matchAll(new RegExp(`<tr\\s[^>]*${attr}="[^"]*"[^>]*>`, "g"))].map((m) => m[0]);
+}
+
+function attrOf(tag: string, name: string): string | undefined {
+  return new RegExp(`${name}="([^"]*)"`).exec(tag)?.[1];
+}
+
+/** The error code a console page shows (data-code on #error). */
+function errorCode(page: string): string | undefined {
+  return /id="error"[^>]*data-code="([A-Z_]+)"/.exec(page)?.[1];
+}
+
+async function createFunction(api: ApiFixture, token: string, name: string): Promise<FunctionDto> {
+  const r = await call<{ function: FunctionDto }>(`${api.url}/v2/nvcf/functions`, {
+    token,
+    body: sampleFunction(name),
+  });
+  assert.equal(r.status, 200, r.text);
+  return r.body.function;
+}
+
+async function deploy(api: ApiFixture, token: string, f: FunctionDto, min = 1, max = 2): Promise<void> {
+  const r = await call(`${api.url}/v2/nvcf/deployments/functions/${f.id}/versions/${f.versionId}`, {
+    token,
+    body: sampleDeployment(min, max),
+  });
+  assert.equal(r.status, 200, r.text);
+}
+
+async function deploymentSpec(api: ApiFixture, token: string, f: FunctionDto) {
+  const r = await call<{
+    deployment: { deploymentSpecifications: Array<{ minInstances: number; maxInstances: number }> };
+  }>(`${api.url}/v2/nvcf/deployments/functions/${f.id}/versions/${f.versionId}`, { token });
+  return { status: r.status, spec: r.body?.deployment?.deploymentSpecifications[0] };
+}
+
+void test("the operator console", async (t) => {
+  const nats = await startNats(t);
+  const api = await startApi(t, { nats });
+  const admin = await api.adminToken();
+  const c = `${api.url}/console`;
+  const echo = await createFunction(api, admin, "console-echo");
+  const other = await createFunction(api, admin, "console-other");
+  await deploy(api, admin, echo, 1, 2);
+
+  await t.test(
+    "without a token, pages send the browser to the login page and show no plane data",
+    async () => {
+      for (const path of ["", "/health", "/functions", `/functions/${echo.id}`, "/live", "/audit"]) {
+        const p = await get(`${c}${path}`);
+        assert.equal(p.status, 303, `${path}: ${p.text}`);
+        const want = path === "" ? "/console/health" : "/console/login";
+        assert.equal(p.headers.get("location"), want, path);
+        assert.doesNotMatch(p.text, /console-echo/);
+      }
+      const login = await get(`${c}/login`);
+      assert.equal(login.status, 200);
+      assert.match(login.headers.get("content-type") ?? "", /^text\/html/);
+      assert.match(login.text, /<form id="login" method="post" action="\/console\/login"/);
+      assert.match(login.text, /<input id="token" name="token" type="password"/);
+      assert.match(login.text, /<button id="login-submit"/);
+      assert.match(login.text, /callplane init/);
+      assert.doesNotMatch(login.text, /console-echo|console-other/);
+      assert.doesNotMatch(login.text, /https?:\/\//, "no outside URL in a page");
+    },
+  );
+
+  await t.test(
+    "an API key, or an account's admin token, is refused with CONSOLE_ADMIN_REQUIRED",
+    async () => {
+      const key = await call<{ value: string }>(`${api.url}/v1/keys`, { token: admin, body: {} });
+      assert.equal(key.status, 200, key.text);
+      const byKey = await get(`${c}/functions`, bearer(key.body.value));
+      assert.equal(byKey.status, 403, byKey.text);
+      assert.equal(errorCode(byKey.text), "CONSOLE_ADMIN_REQUIRED");
+      assert.match(byKey.text, /API key/);
+      assert.doesNotMatch(byKey.text, /console-echo/);
+
+      const accountToken = await api.adminToken({ account: "callplane" });
+      const byAccount = await get(`${c}/health`, bearer(accountToken));
+      assert.equal(byAccount.status, 403, byAccount.text);
+      assert.equal(errorCode(byAccount.text), "CONSOLE_ADMIN_REQUIRED");
+
+      const service = await get(`${c}/health`, bearer(api.serviceToken("compute")));
+      assert.equal(service.status, 403);
+      assert.equal(errorCode(service.text), "CONSOLE_ADMIN_REQUIRED");
+    },
+  );
+
+  await t.test("a bad or expired token answers 401 on the login page with its code", async () => {
+    const bad = await get(`${c}/health`, bearer("not-a-token"));
+    assert.equal(bad.status, 401, bad.text);
+    assert.equal(errorCode(bad.text), "TOKEN_INVALID");
+    assert.match(bad.text, /<form id="login"/);
+
+    const expired = await api.adminToken({ ttlSeconds: -60 });
+    const old = await get(`${c}/health`, { cookie: `callplane_console=${expired}` });
+    assert.equal(old.status, 401, old.text);
+    assert.equal(errorCode(old.text), "TOKEN_EXPIRED");
+    // the cookie that no longer works is cleared
+    assert.match(old.headers.get("set-cookie") ?? "", /^callplane_console=;.*Max-Age=0/);
+  });
+
+  await t.test("the health page lists the API, its database and NATS, up", async () => {
+    const p = await get(`${c}/health`, bearer(admin));
+    assert.equal(p.status, 200, p.text);
+    assert.match(p.text, /<table id="components">/);
+    assert.match(p.headers.get("content-security-policy") ?? "", /default-src 'none'/);
+    const byName = new Map(rows(p.text, "data-component").map((r) => [attrOf(r, "data-component"), r]));
+    for (const name of ["api", "database", "nats"]) {
+      assert.ok(byName.has(name), `a row for ${name}: ${p.text}`);
+      assert.equal(attrOf(byName.get(name)!, "data-state"), "up", name);
+    }
+    // the NATS row names the server's version, as its connection's INFO gave it
+    const natsRow = p.text.slice(p.text.indexOf('data-component="nats"'));
+    assert.match(natsRow.slice(0, natsRow.indexOf("</tr>")), /<td>2\.\d+\.\d+/);
+    // the issuer is on in this API: its row is there
+    assert.ok(byName.has("admin-issuer"));
+    assert.match(p.text, /aria-current="page">Health/);
+  });
+
+  await t.test("the functions page lists every function and filters by name on the server", async () => {
+    const all = await get(`${c}/functions`, bearer(admin));
+    assert.equal(all.status, 200, all.text);
+    assert.match(all.text, /<table id="functions">/);
+    const names = rows(all.text, "data-function-id").map((r) => attrOf(r, "data-function-name"));
+    assert.deepEqual(names, ["console-echo", "console-other"]);
+    assert.match(all.text, new RegExp(`href="/console/functions/${echo.id}"`));
+
+    const some = await get(`${c}/functions?q=ECHO`, bearer(admin));
+    const filtered = rows(some.text, "data-function-id");
+    assert.equal(filtered.length, 1, some.text);
+    assert.equal(attrOf(filtered[0], "data-function-id"), echo.id);
+    assert.match(some.text, /value="ECHO"/);
+
+    const none = await get(`${c}/functions?q=${encodeURIComponent('<script>"')}`, bearer(admin));
+    assert.equal(rows(none.text, "data-function-id").length, 0);
+    assert.doesNotMatch(none.text, /<script>"/, "the filter is escaped where the page repeats it");
+    assert.match(none.text, /&lt;script&gt;&quot;/);
+  });
+
+  await t.test(
+    "a function's page shows its versions, its deployment with the scale form, and its instances",
+    async () => {
+      const p = await get(`${c}/functions/${echo.id}`, bearer(admin));
+      assert.equal(p.status, 200, p.text);
+      assert.match(p.text, /<table id="versions"/);
+      assert.match(p.text, /<table id="deployments"/);
+      assert.match(p.text, /<table id="instances"/);
+      assert.equal(rows(p.text, "data-version-id").filter((r) => !r.includes("<td")).length >= 1, true);
+      assert.match(p.text, /<form class="scale" method="post" action="\/console\/actions\/scale">/);
+      assert.match(p.text, new RegExp(`name="versionId" value="${echo.versionId}"`));
+      assert.match(p.text, />Scale…<\/button>/);
+
+      const missing = await get(`${c}/functions/${randomUUID()}`, bearer(admin));
+      assert.equal(missing.status, 404);
+      assert.equal(errorCode(missing.text), "FUNCTION_NOT_FOUND");
+    },
+  );
+
+  await t.test(
+    "scale asks to confirm first, then changes the deployment and is in the audit log",
+    async () => {
+      const form = { functionId: echo.id, versionId: echo.versionId, minInstances: "0", maxInstances: "3" };
+      const ask = await post(`${c}/actions/scale`, form, bearer(admin));
+      assert.equal(ask.status, 200, ask.text);
+      assert.match(ask.text, /<button id="confirm"/);
+      assert.match(ask.text, /name="confirmed" value="1"/);
+      assert.match(ask.text, /from\s+1–2\s+to\s+<strong>0–3<\/strong>/);
+      // nothing changed yet
+      const before = (await deploymentSpec(api, admin, echo)).spec;
+      assert.deepEqual([before.minInstances, before.maxInstances], [1, 2]);
+      assert.equal((await get(`${c}/audit`, bearer(admin))).text.includes('data-action="scale"'), false);
+
+      const done = await post(`${c}/actions/scale`, { ...form, confirmed: "1" }, bearer(admin));
+      assert.equal(done.status, 303, done.text);
+      assert.equal(done.headers.get("location"), `/console/functions/${echo.id}`);
+      const spec = (await deploymentSpec(api, admin, echo)).spec;
+      assert.equal(spec.minInstances, 0);
+      assert.equal(spec.maxInstances, 3);
+
+      const audit = await get(`${c}/audit`, bearer(admin));
+      assert.match(audit.text, /<table id="audit">/);
+      const entries = rows(audit.text, "data-action");
+      assert.equal(entries.length, 1, audit.text);
+      assert.equal(attrOf(entries[0], "data-action"), "scale");
+      assert.match(audit.text, new RegExp(`${echo.id}/${echo.versionId}`));
+      assert.match(audit.text, /&quot;maxInstances&quot;:3/);
+
+      // the API's own rule for a deployment holds here too: min above max is refused, nothing changes
+      const wrong = await post(
+        `${c}/actions/scale`,
+        { ...form, minInstances: "5", maxInstances: "1", confirmed: "1" },
+        bearer(admin),
+      );
+      assert.equal(wrong.status, 400, wrong.text);
+      assert.equal(errorCode(wrong.text), "VALIDATION_FAILED");
+      assert.equal((await deploymentSpec(api, admin, echo)).spec.maxInstances, 3);
+    },
+  );
+
+  await t.test("a cross-origin POST is refused and changes nothing", async () => {
+    const form = {
+      functionId: echo.id,
+      versionId: echo.versionId,
+      minInstances: "2",
+      maxInstances: "2",
+      confirmed: "1",
+    };
+    const p = await post(`${c}/actions/scale`, form, { ...bearer(admin), origin: "https://evil.example" });
+    assert.equal(p.status, 403, p.text);
+    assert.equal(errorCode(p.text), "CONSOLE_CROSS_ORIGIN");
+    assert.equal((await deploymentSpec(api, admin, echo)).spec.minInstances, 0);
+    const nullOrigin = await post(`${c}/login`, { token: admin }, { origin: "null" });
+    assert.equal(nullOrigin.status, 403);
+    assert.equal(nullOrigin.headers.get("set-cookie"), null);
+    // the console's own origin is fine
+    const same = await post(
+      `${c}/actions/scale`,
+      { ...form, confirmed: "" },
+      { ...bearer(admin), origin: api.url },
+    );
+    assert.equal(same.status, 200, same.text);
+  });
+
+  await t.test(
+    "the login form sets an HttpOnly, SameSite=Strict cookie that opens the console; logout clears it",
+    async () => {
+      const refused = await post(`${c}/login`, { token: "nope" });
+      assert.equal(refused.status, 401);
+      assert.equal(errorCode(refused.text), "TOKEN_INVALID");
+      assert.equal(refused.headers.get("set-cookie"), null);
+
+      const ok = await post(`${c}/login`, { token: admin }, { origin: api.url });
+      assert.equal(ok.status, 303, ok.text);
+      assert.equal(ok.headers.get("location"), "/console/health");
+      const setCookie = ok.headers.get("set-cookie") ?? "";
+      assert.match(setCookie, /^callplane_console=[^;]+;/);
+      assert.match(setCookie, /; HttpOnly/);
+      assert.match(setCookie, /; SameSite=Strict/);
+      assert.match(setCookie, /; Path=\/console/);
+      assert.doesNotMatch(setCookie, /Secure/, "plain HTTP: no Secure flag");
+      const cookie = setCookie.split(";")[0];
+
+      const p = await get(`${c}/functions`, { cookie });
+      assert.equal(p.status, 200, p.text);
+      assert.match(p.text, /data-function-name="console-echo"/);
+
+      const out = await post(`${c}/logout`, {}, { cookie });
+      assert.equal(out.status, 303);
+      assert.equal(out.headers.get("location"), "/console/login");
+      assert.match(out.headers.get("set-cookie") ?? "", /^callplane_console=;.*Max-Age=0/);
+    },
+  );
+
+  await t.test(
+    "undeploy and revoke-identity are confirmed, applied as the API's routes apply them, and audited",
+    async () => {
+      await deploy(api, admin, other);
+      const ask = await post(
+        `${c}/actions/undeploy`,
+        { functionId: other.id, versionId: other.versionId },
+        bearer(admin),
+      );
+      assert.equal(ask.status, 200, ask.text);
+      assert.match(ask.text, /<button id="confirm"/);
+      assert.equal((await deploymentSpec(api, admin, other)).status, 200);
+      const done = await post(
+        `${c}/actions/undeploy`,
+        { functionId: other.id, versionId: other.versionId, confirmed: "1" },
+        bearer(admin),
+      );
+      assert.equal(done.status, 303, done.text);
+      assert.equal((await deploymentSpec(api, admin, other)).status, 404);
+
+      // an instance of echo with an identity the API issued (as the compute agent has it issued)
+      const d = await call<{ deployment: { deploymentId: string } }>(
+        `${api.url}/v2/nvcf/deployments/functions/${echo.id}/versions/${echo.versionId}`,
+        { token: admin },
+      );
+      const instanceId = randomUUID();
+      const issued = await call(`${api.url}/v1/internal/instances/${instanceId}/identity`, {
+        token: api.serviceToken("compute"),
+        body: {
+          functionId: echo.id,
+          versionId: echo.versionId,
+          deploymentId: d.body.deployment.deploymentId,
+        },
+      });
+      assert.equal(issued.status, 200, issued.text);
+      const revokeForm = { functionId: echo.id, instanceId };
+      const askRevoke = await post(`${c}/actions/revoke-identity`, revokeForm, bearer(admin));
+      assert.equal(askRevoke.status, 200, askRevoke.text);
+      assert.match(askRevoke.text, /Revoke the worker identity of instance/);
+      const revoked = await post(
+        `${c}/actions/revoke-identity`,
+        { ...revokeForm, confirmed: "1" },
+        bearer(admin),
+      );
+      assert.equal(revoked.status, 303, revoked.text);
+      const record = await call<{ status: string }>(
+        `${api.url}/v1/internal/instances/${instanceId}/identity`,
+        {
+          token: api.serviceToken("compute"),
+        },
+      );
+      assert.equal(record.body.status, "REVOKED");
+
+      const unknown = await post(
+        `${c}/actions/revoke-identity`,
+        { functionId: echo.id, instanceId: randomUUID() },
+        bearer(admin),
+      );
+      assert.equal(unknown.status, 404);
+      assert.equal(errorCode(unknown.text), "IDENTITY_NOT_FOUND");
+
+      const audit = await get(`${c}/audit`, bearer(admin));
+      assert.deepEqual(
+        rows(audit.text, "data-action").map((r) => attrOf(r, "data-action")),
+        ["revoke-identity", "undeploy", "scale"],
+        "newest first",
+      );
+    },
+  );
+
+  await t.test("the live page and its event stream", async () => {
+    const p = await get(`${c}/live`, bearer(admin));
+    assert.equal(p.status, 200, p.text);
+    assert.match(p.text, /<table id="inflight">/);
+    assert.match(p.text, /<form id="lookup" method="get" action="\/console\/requests"/);
+    assert.match(p.text, /<script src="\/console\/assets\/live.js" defer><\/script>/);
+
+    const ac = new AbortController();
+    const r = await fetch(`${c}/live/events`, { headers: bearer(admin), signal: ac.signal });
+    assert.equal(r.status, 200);
+    assert.match(r.headers.get("content-type") ?? "", /^text\/event-stream/);
+    const reader = r.body!.getReader();
+    let text = "";
+    while (!text.includes("event: inflight\ndata: ")) {
+      const { value, done } = (await reader.read()) as { value?: Uint8Array; done: boolean };
+      if (done || !value) break;
+      text += Buffer.from(value).toString("utf8");
+    }
+    assert.match(text, /event: inflight\ndata: <tr>/);
+    ac.abort();
+
+    const id = randomUUID();
+    const lookup = await get(`${c}/requests?id=${id}`, bearer(admin));
+    assert.equal(lookup.status, 303);
+    assert.equal(lookup.headers.get("location"), `/console/requests/${id}`);
+    const req = await get(`${c}/requests/${id}`, bearer(admin));
+    assert.equal(req.status, 200, req.text);
+    assert.match(req.text, /<dl id="request">/);
+    assert.match(req.text, /<dd id="request-state" class="state">unknown<\/dd>/);
+    const bad = await get(`${c}/requests?id=nope`, bearer(admin));
+    assert.equal(bad.status, 400);
+  });
+
+  await t.test("assets are served by the console with a type and cache headers", async () => {
+    const css = await get(`${c}/assets/console.css`);
+    assert.equal(css.status, 200);
+    assert.match(css.headers.get("content-type") ?? "", /^text\/css/);
+    assert.match(css.headers.get("cache-control") ?? "", /max-age=\d+/);
+    const etag = css.headers.get("etag")!;
+    assert.equal((await get(`${c}/assets/console.css`, { "if-none-match": etag })).status, 304);
+    const js = await get(`${c}/assets/live.js`);
+    assert.match(js.headers.get("content-type") ?? "", /^text\/javascript/);
+    assert.match(js.text, /EventSource\("\/console\/live\/events"\)/);
+    assert.equal((await get(`${c}/assets/nope.css`)).status, 404);
+  });
+});
