@@ -166,6 +166,7 @@ const SLOW_FIRST = [
   "integration/invocation/invocation.test.js",
   "e2e/two-networks-grpc.test.js",
   "e2e/processes.test.js",
+  "e2e/console.test.js",
   "integration/grpc-proxy/grpc.test.js",
   "e2e/nats-cluster-failover.test.js",
   "integration/secrets/secrets-cli.test.js",

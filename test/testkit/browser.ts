@@ -110,7 +110,10 @@ export interface TestBrowser {
   screenshot(name: string, page?: Page): Promise<string>;
   /** Requests pages made to hosts other than `allowHosts` (they are refused, not sent). */
   outside: string[];
-  /** Uncaught errors of a page's scripts (`pageerror`), and console messages of level error. */
+  /**
+   * Uncaught errors of a page's scripts (`pageerror`), console messages of level error, and what a
+   * page loaded besides itself that answered 400 or more.
+   */
   errors: string[];
 }
 
@@ -157,8 +160,15 @@ export async function startBrowser(
   });
   const watch = (p: Page) => {
     p.on("pageerror", (err) => errors.push(`${p.url()}: ${err.message}`));
+    // a page answered 401 or 403 is the server's answer, not a failure of the page: only what a
+    // page loads besides itself (stylesheets, scripts, event streams) counts
+    p.on("response", (r) => {
+      if (r.status() >= 400 && r.request().resourceType() !== "document")
+        errors.push(`${p.url()}: ${r.request().resourceType()} ${r.url()} answered ${r.status()}`);
+    });
     p.on("console", (m) => {
-      if (m.type() === "error") errors.push(`${p.url()}: console: ${m.text()}`);
+      if (m.type() === "error" && !m.text().startsWith("Failed to load resource"))
+        errors.push(`${p.url()}: console: ${m.text()}`);
     });
   };
   context.on("page", watch);
