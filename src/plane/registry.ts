@@ -23,6 +23,8 @@ export class ReplicaRegistry {
   private kv: KV | undefined;
   private timer: NodeJS.Timeout | undefined;
   private readonly key: string;
+  /** When this replica joined: each refresh keeps it (the operator console shows it). */
+  private readonly startedAt = new Date().toISOString();
 
   constructor(
     private readonly nc: NatsConnection,
@@ -40,7 +42,7 @@ export class ReplicaRegistry {
     return JSON.stringify({
       holder: this.key,
       relayUrl: this.self.relayUrl,
-      startedAt: new Date().toISOString(),
+      startedAt: this.startedAt,
     } satisfies ReplicaEntry);
   }
 

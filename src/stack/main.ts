@@ -138,6 +138,8 @@ async function main(): Promise<void> {
   say(`nats-auth-callout answering nats-server's auth callout (logs/nats-auth-callout.log)`);
   const api = (await stack.startService("api", "api")).api;
   say(`api           ${api}`);
+  const consoleUrl = `${api}/console/`;
+  say(`console       ${consoleUrl}   (the operator console: log in with an admin token)`);
   let issuer: string | undefined;
   if (config.adminIssuerProxy.enabled) {
     issuer = (await stack.startService("admin-issuer", "admin-issuer")).issuer!;
@@ -226,6 +228,7 @@ async function main(): Promise<void> {
 
   const info: StackInfo = {
     api,
+    console: consoleUrl,
     ...(issuer ? { issuer, issuerCredentialFile: config.adminIssuerProxy.operatorCredentialFile } : {}),
     adminIssuer: {
       enabled: config.adminIssuerProxy.enabled,
@@ -311,6 +314,9 @@ async function main(): Promise<void> {
     config.adminIssuerProxy.enabled
       ? "  manage functions:  bin/callplane init && bin/callplane function list"
       : "  manage functions:  bin/callplane admin token --save && bin/callplane function list   (the admin issuer is off)",
+  );
+  console.log(
+    `  operator console:  ${consoleUrl}   (paste an admin token: \`bin/callplane admin token\` prints one)`,
   );
   console.log("  stop the stack:    Ctrl-C");
 }

@@ -56,6 +56,8 @@ interface PidFile {
 
 export interface StackInfo {
   api: string;
+  /** The operator console: the API's /console/ pages (log in with an admin token). */
+  console: string;
   issuer?: string;
   nats: string;
   invocation: string[];

@@ -18,6 +18,8 @@ import {
   type ReplicaReport,
   type RequestLookup,
 } from "../../plane/console-wire.js";
+import { OTHER_FUNCTION } from "../../plane/function-series.js";
+import type { InvocationSeries } from "./metrics.js";
 import type { Pending, ReplicaState } from "./state.js";
 
 /** Answers the console's questions on the replica's NATS connection until it closes. */
@@ -73,22 +75,19 @@ export function inflightReport(replica: ReplicaState, q: ConsoleInflightQuery): 
   const limit = rowLimit(q.limit);
   const only = typeof q.functionId === "string" ? q.functionId : undefined;
   const requests: InFlightRow[] = [];
-  const heldByVersion = new Map<string, { functionId: string; n: number }>();
+  // counted by the series a request holds: versions past the series limit share `other`, so the
+  // list is as long as the series table at most, however many versions are held
+  const held = new Map<InvocationSeries, number>();
   let inFlight = 0;
   for (const p of replica.pendings.values()) {
     if (p.state === "done" || (only !== undefined && p.functionId !== only)) continue;
     inFlight++;
-    const vid = p.version.functionVersionId;
-    if (!p.poll) {
-      const h = heldByVersion.get(vid);
-      if (h) h.n++;
-      else heldByVersion.set(vid, { functionId: p.functionId, n: 1 });
-    }
+    if (p.fn) held.set(p.fn, (held.get(p.fn) ?? 0) + 1);
     if (requests.length < limit)
       requests.push({
         requestId: p.requestId,
         functionId: p.functionId,
-        versionId: vid,
+        versionId: p.version.functionVersionId,
         state: p.state,
         ageMs: now - p.started,
         poll: p.poll,
@@ -96,28 +95,17 @@ export function inflightReport(replica: ReplicaState, q: ConsoleInflightQuery): 
   }
   const functions: FunctionStats[] = [];
   for (const s of replica.metrics.allSeries()) {
-    if (only !== undefined && s.functionId !== only) continue;
-    const held = heldByVersion.get(s.functionVersionId)?.n ?? 0;
-    if (held === 0 && !s.recent.active(now)) continue;
-    heldByVersion.delete(s.functionVersionId);
+    const n = held.get(s) ?? 0;
+    // the shared series stands for the filtered function too when some of its requests are there
+    if (only !== undefined && s.functionId !== only && !(s.functionId === OTHER_FUNCTION && n > 0)) continue;
+    if (n === 0 && !s.recent.active(now)) continue;
     functions.push({
       functionId: s.functionId,
       versionId: s.functionVersionId,
       ...s.recent.stats(now),
-      inFlight: held,
+      inFlight: n,
     });
   }
-  // versions held past the series limit (they share the `other` series) still show their requests
-  for (const [versionId, h] of heldByVersion)
-    functions.push({
-      functionId: h.functionId,
-      versionId,
-      requests: 0,
-      errors: 0,
-      p50Ms: undefined,
-      p99Ms: undefined,
-      inFlight: h.n,
-    });
   return {
     kind: "invocation",
     holder: holderHex(replica.holderId),

@@ -2,10 +2,17 @@
 // API (SQLite, NATS from testkit) on 127.0.0.1:0. Who gets in (no token, an API key, an account's
 // admin token, a bad token, a plane-wide admin by Bearer and by the login cookie), what the pages
 // show (health rows, functions filtered by name, a function's deployments and instances), the
-// actions (confirmed first, then applied, then in the audit log), and the same-origin rule.
+// actions (confirmed first, then applied, then in the audit log), and the same-origin rule. Then
+// over a running plane (an invocation replica, a worker): what the replicas report shows on the
+// health, live, request and functions pages.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { test } from "node:test";
+import { handle as exampleHandler } from "../../../examples/inference-server.js";
+import { holderHex } from "../../../src/lib/ids.js";
+import { waitFor } from "../../testkit/client.js";
+import { startPlane } from "../../testkit/plane.js";
 import {
   call,
   sampleDeployment,
@@ -421,3 +428,109 @@ void test("the operator console", async (t) => {
     assert.equal((await get(`${c}/assets/nope.css`)).status, 404);
   });
 });
+
+/** The text of each cell of the table row that opens with `rowTag`. */
+function cellsOf(page: string, rowTag: string): string[] {
+  const start = page.indexOf(rowTag);
+  assert.ok(start !== -1, `no row ${rowTag}`);
+  const row = page.slice(start, page.indexOf("</tr>", start));
+  return [...row.matchAll(/<t[dh][^>]*>([\s\S]*?)<\/t[dh]>/g)].map((m) =>
+    m[1]
+      .replace(/<[^>]+>/g, "")
+      .replace(/\s+/g, " ")
+      .trim(),
+  );
+}
+
+/** An inference server whose /hold answers only when the test releases it. */
+function heldInference() {
+  const waiting: Array<() => void> = [];
+  const handler = (req: IncomingMessage, res: ServerResponse) => {
+    if (!req.url?.startsWith("/hold")) return exampleHandler(req, res);
+    req.resume();
+    waiting.push(() => {
+      res.writeHead(200, { "content-type": "text/plain" });
+      res.end("done");
+    });
+  };
+  return { handler, held: () => waiting.length, release: () => waiting.splice(0).forEach((f) => f()) };
+}
+
+void test(
+  "the console over a running plane: replicas on the health page, a held request live and looked up, stats per function",
+  { timeout: 90_000 },
+  async (t) => {
+    const inference = heldInference();
+    const plane = await startPlane(t, {
+      replicas: 1,
+      inferenceUrl: "/hold",
+      inferenceHandler: inference.handler,
+    });
+    const admin = await plane.api.adminToken();
+    const c = `${plane.api.url}/console`;
+    const holder = holderHex(plane.replicas[0].service.holderId);
+
+    const health = await get(`${c}/health`, bearer(admin));
+    const replicaRow = rows(health.text, "data-component").find(
+      (r) => attrOf(r, "data-component") === "invocation",
+    );
+    assert.ok(replicaRow, health.text);
+    assert.equal(attrOf(replicaRow, "data-id"), holder, health.text);
+    assert.equal(attrOf(replicaRow, "data-state"), "up");
+
+    const held = fetch(plane.invokeUrl(0), {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${plane.fn.apiKey}`,
+        "content-type": "application/json",
+        "nvcf-poll-seconds": "60",
+      },
+      body: "{}",
+    });
+    await waitFor("the request at the inference server", () => inference.held() === 1 || undefined, 20_000);
+
+    const live = await get(`${c}/live`, bearer(admin));
+    const inflight = rows(live.text, "data-request-id");
+    assert.equal(inflight.length, 1, live.text);
+    const requestId = attrOf(inflight[0], "data-request-id")!;
+    assert.equal(requestId.slice(0, 8), holder, "its id names its replica");
+    assert.equal(attrOf(inflight[0], "data-state"), "queued");
+
+    // the event stream carries the same row
+    const ac = new AbortController();
+    const r = await fetch(`${c}/live/events`, { headers: bearer(admin), signal: ac.signal });
+    const reader = r.body!.getReader();
+    let text = "";
+    while (!text.includes(`data-request-id="${requestId}"`)) {
+      const { value, done } = (await reader.read()) as { value?: Uint8Array; done: boolean };
+      if (done || !value) break;
+      text += Buffer.from(value).toString("utf8");
+    }
+    ac.abort();
+    assert.match(text, /^event: inflight$/m);
+    assert.ok(text.includes(`data-request-id="${requestId}"`), text);
+
+    const fns = await get(`${c}/functions`, bearer(admin));
+    const cells = cellsOf(fns.text, `data-function-id="${plane.fn.functionId}"`);
+    // name, versions, state, ready/desired, in flight, requests/min, error ratio, p50/p99, queue depth
+    assert.equal(cells[4], "1", `one request in flight: ${cells.join(" | ")}`);
+    assert.equal(cells[8], "0", `the queue is read, and empty (the worker took it): ${cells.join(" | ")}`);
+
+    const queued = await get(`${c}/requests/${requestId}`, bearer(admin));
+    assert.match(queued.text, /<dd id="request-state" class="state">\s*queued\s*<\/dd>/, queued.text);
+
+    inference.release();
+    assert.equal((await held).status, 200);
+    await waitFor("the request answered", async () => {
+      const p = await get(`${c}/requests/${requestId}`, bearer(admin));
+      return /<dd id="request-state" class="state">\s*answered\s*<\/dd>/.test(p.text) || undefined;
+    });
+    const after = cellsOf(
+      (await get(`${c}/functions`, bearer(admin))).text,
+      `data-function-id="${plane.fn.functionId}"`,
+    );
+    assert.equal(after[5], "1", `one request in the last minute: ${after.join(" | ")}`);
+    assert.equal(after[6], "0.000", "no error");
+    assert.match(after[7], /^\d+\/\d+$/, "p50/p99 known");
+  },
+);

@@ -8,8 +8,17 @@ import { test } from "node:test";
 import { handle as exampleHandler } from "../../../examples/inference-server.js";
 import { holderHex, newHolderId, newRequestId } from "../../../src/lib/ids.js";
 import { silentLogger } from "../../../src/lib/log.js";
-import { connectNats, INBOX, readWorkerSeed, subjects } from "../../../src/lib/nats/index.js";
+import {
+  connectNats,
+  DEFAULT_QUEUE_LIMITS,
+  INBOX,
+  readWorkerSeed,
+  REGISTRY_BUCKET,
+  subjects,
+} from "../../../src/lib/nats/index.js";
 import { ReplicaReports, type ReplicaReport } from "../../../src/services/api/replica-reports.js";
+import type { Store } from "../../../src/services/api/store/types.js";
+import { WorkerTrust, type WorkerTrustOptions } from "../../../src/services/api/worker-trust.js";
 import { waitFor } from "../../testkit/client.js";
 import { startPlane } from "../../testkit/plane.js";
 import { connectWithNkey } from "../../testkit/trust.js";
@@ -66,9 +75,24 @@ test(
       inferenceUrl: "/hold",
       inferenceHandler: inference.handler,
     });
-    const nc = await connectNats(plane.nats.access("api"), "api-console-test", silentLogger());
-    t.after(() => nc.close());
-    const reports = new ReplicaReports(nc, silentLogger());
+    // asked as the API asks: through its WorkerTrust, on its APP connection (the console's path)
+    const trustOpts = {
+      region: "test",
+      queue: DEFAULT_QUEUE_LIMITS,
+      workerAuth: "nkey" as const,
+      identity: {} as WorkerTrustOptions["identity"],
+    };
+    const noNats = new WorkerTrust(trustOpts, {} as Store, silentLogger());
+    await noNats.start();
+    assert.equal(noNats.replicaReports(), undefined, "no NATS configured: nothing to ask");
+    const trust = new WorkerTrust(
+      { ...trustOpts, nats: { app: plane.nats.access("api") } },
+      {} as Store,
+      silentLogger(),
+    );
+    await trust.start();
+    t.after(() => trust.close());
+    const reports = trust.replicaReports()!;
     const { fn } = plane;
     const [h0, h1] = plane.replicas.map((r) => holderHex(r.service.holderId));
     const ofReplica = (all: ReplicaReport[], h: string) => all.find((r) => r.holder === h);
@@ -206,27 +230,59 @@ test(
   },
 );
 
-test("a worker's NATS identity may not ask the replicas, nor answer for one", LIMIT, async (t) => {
-  const plane = await startPlane(t, { workers: 0 });
-  const w = await connectWithNkey(
-    t,
-    plane.nats,
-    readWorkerSeed(plane.nats.credentialsDir),
-    INBOX.nkeyWorker("x"),
-  );
-  const violation = (kind: "Publish" | "Subscription", subject: string) => {
-    const want = `Permissions Violation for ${kind} to "${subject}"`;
-    return waitFor(`NATS to refuse: ${want}`, () => w.errors.some((e) => e.includes(want)) || undefined, {
-      timeoutMs: 10_000,
-    });
-  };
-  const holder = holderHex(plane.replicas[0].service.holderId);
-  w.nc.publish(subjects.consoleInflight, "{}", { reply: `${INBOX.nkeyWorker("x")}.r` });
-  await violation("Publish", subjects.consoleInflight);
-  w.nc.publish(subjects.consoleRequest(holder), newRequestId(plane.replicas[0].service.holderId));
-  await violation("Publish", subjects.consoleRequest(holder));
-  w.nc.subscribe(subjects.consoleInflight);
-  await violation("Subscription", subjects.consoleInflight);
-  w.nc.subscribe(subjects.consoleRequestFilter);
-  await violation("Subscription", subjects.consoleRequestFilter);
-});
+function violation(errors: string[], kind: "Publish" | "Subscription", subject: string) {
+  const want = `Permissions Violation for ${kind} to "${subject}"`;
+  return waitFor(`NATS to refuse: ${want}`, () => errors.some((e) => e.includes(want)) || undefined, {
+    timeoutMs: 10_000,
+  });
+}
+
+test(
+  "a worker's NATS identity may not ask the replicas, nor answer for one; the API reads the registry but may not write it",
+  LIMIT,
+  async (t) => {
+    const plane = await startPlane(t, { workers: 0, relay: { enabled: true } });
+    const w = await connectWithNkey(
+      t,
+      plane.nats,
+      readWorkerSeed(plane.nats.credentialsDir),
+      INBOX.nkeyWorker("x"),
+    );
+    const holder = holderHex(plane.replicas[0].service.holderId);
+    w.nc.publish(subjects.consoleInflight, "{}", { reply: `${INBOX.nkeyWorker("x")}.r` });
+    await violation(w.errors, "Publish", subjects.consoleInflight);
+    w.nc.publish(subjects.consoleRequest(holder), newRequestId(plane.replicas[0].service.holderId));
+    await violation(w.errors, "Publish", subjects.consoleRequest(holder));
+    w.nc.subscribe(subjects.consoleInflight);
+    await violation(w.errors, "Subscription", subjects.consoleInflight);
+    w.nc.subscribe(subjects.consoleRequestFilter);
+    await violation(w.errors, "Subscription", subjects.consoleRequestFilter);
+
+    // the API's grant: reading the registry is what the console needs; writing or removing it is not
+    const api = await connectNats(plane.nats.access("api"), "api-console-test", silentLogger());
+    t.after(() => api.close());
+    const apiErrors: string[] = [];
+    void (async () => {
+      for await (const s of api.status()) if (s.type === "error") apiErrors.push(s.error.message);
+    })();
+    const reports = new ReplicaReports(api, silentLogger());
+    assert.deepEqual(
+      (await reports.registry()).map((e) => [e.kind, e.holder]),
+      [["invocation", holder]],
+    );
+    for (const subject of [
+      `$KV.${REGISTRY_BUCKET}.${holder}`,
+      `$JS.API.STREAM.DELETE.KV_${REGISTRY_BUCKET}`,
+      `$JS.API.STREAM.PURGE.KV_${REGISTRY_BUCKET}`,
+      `$JS.API.STREAM.UPDATE.KV_${REGISTRY_BUCKET}`,
+    ]) {
+      api.publish(subject, "{}");
+      await violation(apiErrors, "Publish", subject);
+    }
+    assert.deepEqual(
+      (await reports.registry()).map((e) => e.holder),
+      [holder],
+      "the registry is untouched",
+    );
+  },
+);

@@ -265,6 +265,33 @@ for (const [kind, open] of stores) {
     assert.equal(await s.revokeApiKey(k.keyId, new Date().toISOString()), false, "a key is revoked once");
     assert.ok((await s.getApiKey(k.keyId))?.revokedAt);
   });
+
+  test(`store (${kind}): the console's audit log, newest first and paged`, async (t) => {
+    const s = await open(t);
+    assert.deepEqual(await s.listAudit({ limit: 10, offset: 0 }), []);
+    const at = new Date().toISOString();
+    // three in the same millisecond: the insertion order tells them apart
+    for (const [i, action] of (["scale", "undeploy", "revoke-identity"] as const).entries())
+      await s.appendAudit({
+        id: randomUUID(),
+        at,
+        actor: "admin",
+        action,
+        target: `t-${i}`,
+        detail: { n: i, nested: { ok: true } },
+      });
+    const all = await s.listAudit({ limit: 10, offset: 0 });
+    assert.deepEqual(
+      all.map((e) => e.action),
+      ["revoke-identity", "undeploy", "scale"],
+    );
+    assert.deepEqual(all[2].detail, { n: 0, nested: { ok: true } });
+    assert.equal(all[0].at, at);
+    assert.deepEqual(
+      (await s.listAudit({ limit: 1, offset: 1 })).map((e) => e.target),
+      ["t-1"],
+    );
+  });
 }
 
 test("store (postgres): a failed createFunction or instance report leaves nothing behind", async (t) => {

@@ -42,7 +42,7 @@ export function readCookie(req: IncomingMessage, name: string): string | undefin
 export async function adminOfToken(auth: ApiAuth, token: string): Promise<ConsoleAdmin> {
   const p = await auth.authenticateToken(token);
   const how =
-    "the console shows the whole plane, so it needs a plane-wide admin token: `bin/callplane init` prints one, `callplane admin token` mints one, or ask the admin token issuer (POST <issuer>/v1/admin/keys) or your identity provider";
+    "the console shows the whole plane, so it needs a plane-wide admin token: `bin/callplane admin token` prints one (from the stack's admin signing key), `bin/callplane init` saves one from the admin token issuer, or ask the admin token issuer (POST <issuer>/v1/admin/keys) or your identity provider";
   if (p.kind !== "admin")
     throw new CallplaneError(
       "CONSOLE_ADMIN_REQUIRED",

@@ -177,7 +177,7 @@ function deploymentRow(f: FunctionVersionRecord, d: DeploymentRecord, is: Instan
   const spec = d.specs[0];
   const min = spec?.minInstances ?? 0;
   const max = spec?.maxInstances ?? 0;
-  const idp = `${d.versionId.slice(0, 8)}`;
+  const idp = d.versionId;
   return html`<tr data-version-id="${d.versionId}">
     <td><span class="id">${d.versionId}</span></td>
     <td class="state">${functionStatus(d, is)}</td>

@@ -78,33 +78,56 @@ async function replicaRows(c: ConsoleDeps): Promise<Row[]> {
   }
   const byHolder = new Map(snapshot.map((r) => [r.holder, r]));
   const rows: Row[] = [];
-  for (const kind of ["invocation", "grpc-proxy"] as const) {
-    const entries = registry.filter((e) => e.kind === kind);
-    if (entries.length === 0)
-      rows.push({ component: kind, state: "down", detail: "no replica is registered" });
-    for (const e of entries) {
-      const r = byHolder.get(e.holder);
-      if (kind === "grpc-proxy" || r)
-        rows.push({
-          component: kind,
-          id: e.holder,
-          state: "up",
-          version: r?.version,
-          where: e.relayUrl,
-          detail: r
-            ? `${r.inFlight} requests held; started ${e.startedAt}`
-            : `registered; started ${e.startedAt}`,
-        });
-      else
-        rows.push({
-          component: kind,
-          id: e.holder,
-          state: "degraded",
-          where: e.relayUrl,
-          detail: `registered, but did not answer within ${c.replicaWaitMs} ms`,
-        });
-    }
+  const invocation = registry.filter((e) => e.kind === "invocation");
+  for (const e of invocation) {
+    const r = byHolder.get(e.holder);
+    rows.push(
+      r
+        ? {
+            component: "invocation",
+            id: e.holder,
+            state: "up",
+            version: r.version,
+            where: e.relayUrl,
+            detail: `${r.inFlight} requests held; started ${r.startedAt}`,
+          }
+        : {
+            component: "invocation",
+            id: e.holder,
+            state: "degraded",
+            where: e.relayUrl,
+            detail: `registered, but did not answer within ${c.replicaWaitMs} ms`,
+          },
+    );
   }
+  // a replica registers only while relay is on; one that answers without registering is up too
+  for (const r of snapshot)
+    if (!invocation.some((e) => e.holder === r.holder))
+      rows.push({
+        component: "invocation",
+        id: r.holder,
+        state: "up",
+        version: r.version,
+        where: "not in the registry (relay off)",
+        detail: `${r.inFlight} requests held; started ${r.startedAt}`,
+      });
+  if (rows.length === 0)
+    rows.push({ component: "invocation", state: "down", detail: "no replica is registered or answering" });
+  const grpc = registry.filter((e) => e.kind === "grpc-proxy");
+  for (const e of grpc)
+    rows.push({
+      component: "grpc-proxy",
+      id: e.holder,
+      state: "up",
+      where: e.relayUrl,
+      detail: `registered; started ${e.startedAt}`,
+    });
+  if (grpc.length === 0)
+    rows.push({
+      component: "grpc-proxy",
+      state: "unknown",
+      detail: "none in the registry (a grpc-proxy replica registers only while relay is on)",
+    });
   return rows;
 }
 

@@ -28,7 +28,7 @@ import { html, type Html } from "./html.js";
 import { layout, redirect, sendPage, type NavPage } from "./layout.js";
 import { LiveHub } from "./live-hub.js";
 import { checkRequestId, inflightRows, liveBody, requestBody } from "./live.js";
-import type { ReplicaReportsView, ReportsSource } from "./reports.js";
+import type { ReportsSource } from "./reports.js";
 
 export interface ConsoleOptions {
   /** Where the replicas' reports come from; deps.trust.replicaReports() unless given (tests). */
@@ -66,8 +66,9 @@ function loginBody(error?: CallplaneError): Html {
     <h2>Where to get an admin token</h2>
     <ul>
       <li>
-        <code>bin/callplane init</code> prints one (on the machine that runs the stack), or
-        <code>callplane admin token</code> mints one from the admin key.
+        On the machine that runs the stack, <code>bin/callplane admin token</code> prints one (minted from the
+        stack's admin signing key); <code>bin/callplane init</code> gets one from the admin token issuer and
+        saves it in the CLI's state file.
       </li>
       <li>
         With the admin token issuer on: <code>POST &lt;issuer&gt;/v1/admin/keys</code> with the operator
@@ -89,10 +90,9 @@ function errorBody(e: CallplaneError): Html {
 }
 
 export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOptions = {}): ConsoleRoutes {
-  const trust = deps.trust as unknown as { replicaReports?: () => ReplicaReportsView | undefined };
   const c: ConsoleDeps = {
     api: deps,
-    reports: opts.reports ?? (() => trust.replicaReports?.()),
+    reports: opts.reports ?? (() => deps.trust.replicaReports()),
     startedAt: new Date(),
     replicaWaitMs: opts.replicaWaitMs ?? 300,
   };
