@@ -112,6 +112,10 @@ async function logIn(page: Page, consoleUrl: string, token: string): Promise<Pag
 
 const text = async (page: Page, selector = "body") => (await page.textContent(selector)) ?? "";
 
+/** The error a console page shows (#error: its code and message), for failure messages. */
+const shownError = async (page: Page) =>
+  (await page.locator("#error").count()) ? ((await page.textContent("#error")) ?? "").trim() : "(no #error)";
+
 test("the operator console, in Debian's chromium, against the local stack", async (t) => {
   const ctx = lifo(t);
   const dir = tmpDir(ctx, "callplane-console-");
@@ -182,14 +186,14 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
 
   await t.test("a bad token is 401 TOKEN_INVALID on the login page", async () => {
     const res = await logIn(page, consoleUrl, "not-a-token");
-    assert.equal(res.status(), 401);
+    assert.equal(res.status(), 401, await shownError(page));
     assert.match(await text(page), /TOKEN_INVALID/);
     assert.equal(await page.locator("form#login").count(), 1);
   });
 
   await t.test("an API key is refused: 403 CONSOLE_ADMIN_REQUIRED, and no session", async () => {
     const res = await logIn(page, consoleUrl, info.demo.apiKey);
-    assert.equal(res.status(), 403);
+    assert.equal(res.status(), 403, await shownError(page));
     assert.match(await text(page), /CONSOLE_ADMIN_REQUIRED/);
     assert.ok(!(await text(page)).includes(info.demo.httpFunctionId));
     await page.goto(`${consoleUrl}/health`);
@@ -206,7 +210,10 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
     "logged in with an admin token: the health page lists the API, database, NATS, the issuer, each replica",
     async () => {
       const res = await logIn(page, consoleUrl, admin);
-      assert.ok(res.status() === 303 || res.status() === 200, `login answered ${res.status()}`);
+      assert.ok(
+        res.status() === 303 || res.status() === 200,
+        `login answered ${res.status()}: ${await shownError(page)}`,
+      );
       assert.equal(new URL(page.url()).pathname, "/console/health");
       const rows = await reloadUntil(
         page,
