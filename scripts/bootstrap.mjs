@@ -1,7 +1,7 @@
 // The README's two commands run through here: `npm start` and `npm test` (and `npm run bench`).
 // This file has no dependencies, so it can run on a fresh clone: it installs npm packages when the
 // lockfile changed, builds the TypeScript, finds or installs nats-server 2.10+ (and, for the tests,
-// Python's grpcio, and kube-apiserver with etcd), then hands over.
+// Python's grpcio, kube-apiserver with etcd, and Debian's chromium), then hands over.
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
@@ -126,6 +126,12 @@ function ensureKubernetes() {
   process.env.CALLPLANE_ETCD = etcd;
 }
 
+// The console's browser tests drive Debian's chromium with playwright-core: found at /usr/bin/chromium
+// at the major playwright-core expects, or installed (upgraded) with apt-get.
+function ensureChromium() {
+  run("bash", [join(root, "scripts", "ensure-chromium.sh")], { what: "installing chromium" });
+}
+
 function exec(cmd, args) {
   // Ctrl-C reaches the whole foreground process group; the child handles it and we report its exit.
   const child = spawn(cmd, args, { cwd: process.cwd(), stdio: "inherit", env: process.env });
@@ -160,6 +166,7 @@ const SLOW_FIRST = [
   "integration/invocation/invocation.test.js",
   "e2e/two-networks-grpc.test.js",
   "e2e/processes.test.js",
+  "e2e/console.test.js",
   "integration/grpc-proxy/grpc.test.js",
   "e2e/nats-cluster-failover.test.js",
   "integration/secrets/secrets-cli.test.js",
@@ -266,6 +273,7 @@ switch (command) {
     // the gRPC tests call grpc-proxy with Python's grpcio as well (Debian's python3-grpcio)
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
     ensureKubernetes();
+    ensureChromium();
     runChecks();
     runTests(["unit", "integration", "e2e"], rest);
     break;
@@ -281,6 +289,7 @@ switch (command) {
     ensureNatsServer();
     run("bash", [join(root, "scripts", "ensure-python-grpcio.sh")], { what: "installing python3-grpcio" });
     ensureKubernetes();
+    if (command === "e2e") ensureChromium();
     runTests([command], rest);
     break;
   }

@@ -1,0 +1,566 @@
+// The operator console (issue 24) in a real browser: Debian's chromium driven by playwright-core
+// (test/testkit/browser.ts) against the whole local stack as a user runs it (`npm start`'s
+// dist/src/stack/main.js: NATS, the API with the console, the admin issuer, two invocation and two
+// grpc-proxy replicas, the callback proxy, and the compute agent with its local backend, which runs
+// real instances and reports them, so that "instances going ready" is the plane's own doing).
+// Everything a test looks at is what an operator sees: pages found by the ids and data- attributes of
+// the console's contract, reached by links and forms, the login typed with the keyboard.
+// Screenshots of every page go to .callplane/test-output/console/ (1280x800, and one at 390x844).
+// Addresses: services on 127.0.54.1, invocation replicas on 127.0.55.0/24, instances on
+// 127.0.56.0/24, grpc-proxy replicas on 127.0.57.0/24 (no other test file uses them).
+import assert from "node:assert/strict";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { test } from "node:test";
+import type { Page, Response as PageResponse } from "playwright-core";
+import { request } from "undici";
+import { startBrowser, testOutputDir, type TestBrowser } from "../testkit/browser.js";
+import { waitFor } from "../testkit/client.js";
+import { call, runCli, tmpDir } from "../testkit/index.js";
+import { lifo } from "../testkit/proc.js";
+import {
+  runStack,
+  waitStackReady,
+  writeStackConfig,
+  type StackJson,
+  type StackRun,
+} from "../testkit/stack.js";
+
+const HOST = "127.0.54.1";
+const ADDRESSES = {
+  host: HOST,
+  podNetwork: "127.0.55.0/24",
+  grpcNetwork: "127.0.57.0/24",
+  instanceNetwork: "127.0.56.0/24",
+};
+
+/** Variables from the developer's shell that would change what the CLI does. */
+const CLEAN_ENV: NodeJS.ProcessEnv = {
+  CALLPLANE_TOKEN: undefined,
+  CALLPLANE_API_URL: undefined,
+  CALLPLANE_ISSUER_URL: undefined,
+  CALLPLANE_INVOCATION_URL: undefined,
+  CALLPLANE_API_KEY: undefined,
+  CALLPLANE_CLI_CONFIG: undefined,
+  CALLPLANE__GLOBAL__DATA_DIR: undefined,
+  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
+};
+
+/** An admin token from the stack's issuer, as `callplane init` gets one (the operator credential). */
+async function issuerToken(info: StackJson): Promise<string> {
+  const credential = readFileSync(info.issuerCredentialFile, "utf8").trim();
+  const r = await call<{ value: string }>(`${info.issuer}/v1/admin/keys`, { body: {}, token: credential });
+  assert.equal(r.status, 200, r.text);
+  return r.body.value;
+}
+
+/** The attributes of every element `selector` matches, in page order. */
+async function rowsOf(page: Page, selector: string): Promise<Array<Record<string, string>>> {
+  // runs in the page (this project compiles without the DOM's types: the shape it reads is spelled out)
+  return await page.$$eval(
+    selector,
+    (els: Array<{ attributes: ArrayLike<{ name: string; value: string }> }>) =>
+      els.map((e) => Object.fromEntries(Array.from(e.attributes, (a) => [a.name, a.value]))),
+  );
+}
+
+/** The id of the element that has the keyboard's focus. */
+const focusedId = (page: Page) =>
+  page.evaluate<string | undefined>("document.activeElement ? document.activeElement.id : undefined");
+
+/** Loads `url` again and again until `check` holds (pages are server-rendered; only the live page pushes). */
+async function reloadUntil<T>(
+  page: Page,
+  url: string,
+  what: string,
+  check: () => Promise<T | undefined | false>,
+  timeoutMs = 30_000,
+): Promise<T> {
+  return await waitFor(
+    what,
+    async () => {
+      await page.goto(url);
+      return await check();
+    },
+    { timeoutMs, intervalMs: 500 },
+  );
+}
+
+/**
+ * Logs in as a keyboard user does: Tab until the token field has focus, type the token, Enter.
+ * Returns the answer to the form's POST (the page it leads to is loaded).
+ */
+async function logIn(page: Page, consoleUrl: string, token: string): Promise<PageResponse> {
+  await page.goto(`${consoleUrl}/login`);
+  for (let i = 0; i < 20; i++) {
+    if ((await focusedId(page)) === "token") break;
+    await page.keyboard.press("Tab");
+  }
+  assert.equal(await focusedId(page), "token", "the token field is reached with Tab");
+  await page.keyboard.insertText(token);
+  const posted = page.waitForResponse(
+    (r) => r.request().method() === "POST" && new URL(r.url()).pathname === "/console/login",
+  );
+  // the document the POST leads to (the login page again when refused): waited for, so that the
+  // next navigation does not race it
+  const loaded = page.waitForEvent("load");
+  await page.keyboard.press("Enter");
+  const res = await posted;
+  await loaded;
+  return res;
+}
+
+const text = async (page: Page, selector = "body") => (await page.textContent(selector)) ?? "";
+
+/** The error a console page shows (#error: its code and message), for failure messages. */
+const shownError = async (page: Page) =>
+  (await page.locator("#error").count()) ? ((await page.textContent("#error")) ?? "").trim() : "(no #error)";
+
+test("the operator console, in Debian's chromium, against the local stack", async (t) => {
+  const ctx = lifo(t);
+  const dir = tmpDir(ctx, "callplane-console-");
+  const cfg = await writeStackConfig(dir, ADDRESSES);
+  let run: StackRun = runStack(ctx, dir, cfg.file);
+  let info = await waitStackReady(run, cfg.dataDir);
+  const consoleUrl = `${info.api}/console`;
+  const outDir = testOutputDir("console");
+  // this run's screenshots only: one left from an earlier run must not be taken for this one's
+  rmSync(outDir, { recursive: true, force: true });
+  const b: TestBrowser = await startBrowser(ctx, { allowHosts: [new URL(info.api).host], outDir });
+  const { page } = b;
+  const admin = await issuerToken(info);
+  const cliEnv = (token: string): NodeJS.ProcessEnv => ({
+    ...CLEAN_ENV,
+    HOME: dir,
+    CALLPLANE_STATE_DIR: join(dir, "cli-state"),
+    CALLPLANE_API_URL: info.api,
+    CALLPLANE_TOKEN: token,
+  });
+  const cli = async (args: string[], token = admin) => {
+    const r = await runCli(args, { cwd: dir, env: cliEnv(token) });
+    assert.equal(r.code, 0, `callplane ${args.join(" ")}:\n${r.stderr}${r.stdout}`);
+    return r.stdout;
+  };
+  const shots: string[] = [];
+  /** The invocation replicas' holder ids, as the health page names them. */
+  let holders: string[] = [];
+  const shot = async (name: string) => shots.push(await b.screenshot(name));
+
+  await t.test("stack.json names the console", () => {
+    assert.equal((info as StackJson & { console?: string }).console, consoleUrl);
+  });
+
+  await t.test("without a token only the login page is served", async () => {
+    for (const path of [
+      "/health",
+      "/functions",
+      `/functions/${info.demo.httpFunctionId}`,
+      "/live",
+      "/audit",
+    ]) {
+      const res = await page.goto(`${consoleUrl}${path}`);
+      assert.equal(new URL(page.url()).pathname, "/console/login", `${path} leads to the login page`);
+      assert.equal(res?.status(), 200);
+      assert.equal(await page.locator("form#login[method=post][action='/console/login']").count(), 1);
+      assert.equal(await page.locator("input#token[name=token][type=password]").count(), 1);
+      assert.equal(await page.locator("button#login-submit").count(), 1);
+      const body = await text(page);
+      for (const secret of [info.demo.httpFunctionName, info.demo.httpFunctionId, info.demo.slowFunctionId])
+        assert.ok(!body.includes(secret), `the login page shows ${secret}`);
+    }
+    // it says how to get a token
+    assert.match(await text(page), /callplane init/);
+    await shot("login");
+    // and by HTTP, as a script without a token sees it: a redirect and nothing else
+    for (const path of ["", "/health", "/functions", "/live", "/audit", "/requests/x"]) {
+      const r = await request(`${consoleUrl}${path}`, { method: "GET" });
+      const body = await r.body.text();
+      assert.equal(r.statusCode, 303, `GET /console${path}`);
+      assert.match(String(r.headers.location), /^\/console\/(login|health)$/);
+      assert.ok(!body.includes(info.demo.httpFunctionId));
+    }
+    const events = await request(`${consoleUrl}/live/events`, { method: "GET" });
+    await events.body.text();
+    assert.notEqual(events.statusCode, 200, "the live events need a token");
+  });
+
+  await t.test("a bad token is 401 TOKEN_INVALID on the login page", async () => {
+    const res = await logIn(page, consoleUrl, "not-a-token");
+    assert.equal(res.status(), 401, await shownError(page));
+    assert.match(await text(page), /TOKEN_INVALID/);
+    assert.equal(await page.locator("form#login").count(), 1);
+  });
+
+  await t.test("an API key is refused: 403 CONSOLE_ADMIN_REQUIRED, and no session", async () => {
+    const res = await logIn(page, consoleUrl, info.demo.apiKey);
+    assert.equal(res.status(), 403, await shownError(page));
+    assert.match(await text(page), /CONSOLE_ADMIN_REQUIRED/);
+    assert.ok(!(await text(page)).includes(info.demo.httpFunctionId));
+    await page.goto(`${consoleUrl}/health`);
+    assert.equal(new URL(page.url()).pathname, "/console/login", "no cookie was set for an API key");
+    // and as a script sends it
+    const r = await request(`${consoleUrl}/health`, {
+      headers: { authorization: `Bearer ${info.demo.apiKey}` },
+    });
+    assert.equal(r.statusCode, 403);
+    assert.match(await r.body.text(), /CONSOLE_ADMIN_REQUIRED/);
+  });
+
+  await t.test(
+    "logged in with an admin token: the health page lists the API, database, NATS, the issuer, each replica",
+    async () => {
+      const res = await logIn(page, consoleUrl, admin);
+      assert.ok(
+        res.status() === 303 || res.status() === 200,
+        `login answered ${res.status()}: ${await shownError(page)}`,
+      );
+      assert.equal(new URL(page.url()).pathname, "/console/health");
+      const rows = await reloadUntil(
+        page,
+        `${consoleUrl}/health`,
+        "both invocation replicas up",
+        async () => {
+          const r = await rowsOf(page, "table#components tr[data-component]");
+          const up = r.filter((x) => x["data-component"] === "invocation" && x["data-state"] === "up");
+          return up.length === 2 ? r : undefined;
+        },
+      );
+      const of = (c: string) => rows.filter((r) => r["data-component"] === c);
+      for (const c of ["api", "database", "nats"]) {
+        assert.equal(of(c).length, 1, `one ${c} row`);
+        assert.equal(of(c)[0]["data-state"], "up", `${c} is up`);
+      }
+      assert.equal(of("admin-issuer").length, 1, "the issuer is enabled: it has a row");
+      holders = of("invocation").map((r) => r["data-id"]);
+      assert.equal(new Set(holders).size, 2, "a row per invocation replica, by its holder id");
+      assert.equal(of("grpc-proxy").length, 2, "a row per grpc-proxy replica");
+      assert.ok(of("compute").length >= 1, "the local compute cluster has a row");
+      await shot("health");
+      // Bearer works as well as the cookie, for scripts
+      const r = await request(`${consoleUrl}/health`, { headers: { authorization: `Bearer ${admin}` } });
+      assert.equal(r.statusCode, 200);
+      assert.match(await r.body.text(), /data-component="database"/);
+    },
+  );
+
+  let echo = { id: "", versionId: "" };
+  await t.test("a function deployed through the CLI appears, and its instance goes ready", async () => {
+    const created = JSON.parse(
+      await cli([
+        "function",
+        "create",
+        "--name",
+        "console-echo",
+        "--inference-url",
+        "/echo",
+        "--image",
+        "local/echo",
+        "--health-uri",
+        "/health",
+        "--json",
+      ]),
+    ) as { function: { id: string; versionId: string } };
+    echo = { id: created.function.id, versionId: created.function.versionId };
+    await cli(["deploy", "create", "console-echo", "--min", "1", "--max", "1"]);
+    // the list, filtered on the server by name
+    const row = page.locator(`table#functions tr[data-function-name="console-echo"]`);
+    await reloadUntil(
+      page,
+      `${consoleUrl}/functions?q=console-echo`,
+      "console-echo 1/1 ready",
+      async () => (await row.count()) === 1 && /\b1\/1\b/.test((await row.textContent()) ?? ""),
+    );
+    assert.equal(await row.getAttribute("data-function-id"), echo.id);
+    assert.equal(
+      await page.locator("table#functions tr[data-function-id]").count(),
+      1,
+      "the filter left one row",
+    );
+    await shot("functions");
+    // its page, by its link
+    await row.locator(`a[href="/console/functions/${echo.id}"]`).click();
+    await page.waitForURL(`${consoleUrl}/functions/${echo.id}`);
+    assert.equal(await page.locator(`table#versions tr[data-version-id="${echo.versionId}"]`).count(), 1);
+    assert.equal(await page.locator(`table#deployments tr[data-version-id="${echo.versionId}"]`).count(), 1);
+    const instances = await rowsOf(page, "table#instances tr[data-instance-id]");
+    assert.ok(
+      instances.some((i) => i["data-state"] === "ACTIVE"),
+      `an ACTIVE instance: ${JSON.stringify(instances)}`,
+    );
+    await shot("function");
+  });
+
+  await t.test("an invocation in flight appears on the live page and leaves it when answered", async () => {
+    await page.goto(`${consoleUrl}/live`);
+    assert.equal(await page.locator("table#inflight").count(), 1);
+    // the page is open before the request starts: what shows up comes by its server-sent events
+    const started = Date.now();
+    // no progress file before the answer: progress would make the replica answer 202 and let go
+    const answer = request(
+      `${info.invocation[0]}/v2/nvcf/pexec/functions/${info.demo.slowFunctionId}?seconds=6&progressMs=60000`,
+      {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${info.demo.apiKey}`,
+          "content-type": "application/json",
+          "nvcf-poll-seconds": "60",
+        },
+        body: "{}",
+      },
+    );
+    const slowRow = page
+      .locator("table#inflight tr[data-request-id]")
+      .filter({ hasText: new RegExp(`${info.demo.slowFunctionId}|demo-slow`) });
+    await slowRow
+      .first()
+      .waitFor({ timeout: 5_000 })
+      .catch(async (err: Error) => {
+        // what the page showed instead
+        const shown = await page.locator("table#inflight tbody").innerHTML();
+        const status = await page
+          .locator("#live-status")
+          .textContent()
+          .catch(() => "");
+        throw new Error(`${err.message}\nlive status: ${status}\nthe table's rows:\n${shown}`);
+      });
+    const requestId = await slowRow.first().getAttribute("data-request-id");
+    assert.ok(requestId);
+    assert.ok(Date.now() - started < 5_500, "it showed while the request was held");
+    const rowText = (await slowRow.first().textContent()) ?? "";
+    assert.ok(
+      holders.some((h) => rowText.includes(h)),
+      `the row names the replica that holds it (one of ${holders.join(", ")}): ${rowText}`,
+    );
+    await shot("live");
+    const res = await answer;
+    assert.equal(res.statusCode, 200);
+    assert.deepEqual(await res.body.json(), { done: true, seconds: 6 });
+    assert.equal(res.headers["nvcf-reqid"], requestId, "the row was this request");
+    await page
+      .locator(`table#inflight tr[data-request-id="${requestId}"]`)
+      .waitFor({ state: "detached", timeout: 5_000 });
+    assert.equal(new URL(page.url()).pathname, "/console/live", "the row left without a reload");
+  });
+
+  let neverReady = { id: "", versionId: "" };
+  await t.test("a failed request is found by its id, with its status, code and detail", async () => {
+    // a function whose instance never passes its health check: no worker takes its requests
+    const created = JSON.parse(
+      await cli([
+        "function",
+        "create",
+        "--name",
+        "console-never-ready",
+        "--inference-url",
+        "/echo",
+        "--image",
+        "local/echo",
+        "--health-uri",
+        "/never-ready",
+        "--json",
+      ]),
+    ) as { function: { id: string; versionId: string } };
+    neverReady = { id: created.function.id, versionId: created.function.versionId };
+    await cli(["deploy", "create", "console-never-ready", "--min", "1", "--max", "1"]);
+    const res = await request(`${info.invocation[1]}/v2/nvcf/pexec/functions/${neverReady.id}`, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${info.demo.apiKey}`,
+        "content-type": "application/json",
+        "nvcf-poll-seconds": "1",
+      },
+      body: "{}",
+      headersTimeout: 60_000,
+    });
+    const problem = (await res.body.json()) as { code?: string };
+    assert.equal(res.statusCode, 504);
+    assert.equal(problem.code, "INVOCATION_TIMEOUT");
+    const requestId = String(res.headers["nvcf-reqid"]);
+    // typed into the live page's lookup form
+    await page.goto(`${consoleUrl}/live`);
+    const input = page.locator("form#lookup input[name=id]");
+    await input.focus();
+    await page.keyboard.insertText(requestId);
+    await page.keyboard.press("Enter");
+    await page.waitForURL(`${consoleUrl}/requests/${requestId}`);
+    assert.equal(await page.locator("dl#request").count(), 1);
+    assert.equal((await text(page, "#request-state")).trim(), "failed");
+    const error = await text(page, "#request-error");
+    assert.match(error, /504/);
+    assert.match(error, /INVOCATION_TIMEOUT/);
+    assert.match(error, /no worker answered/);
+    await shot("request");
+    // an id nobody holds: unknown, not an error page
+    const unknown = await page.goto(`${consoleUrl}/requests?id=00000000-0000-8000-8000-000000000000`);
+    assert.ok(unknown?.ok(), `an unknown id answered ${unknown?.status()}`);
+    assert.match((await text(page, "#request-state")).trim(), /^(unknown|failed)$/);
+  });
+
+  await t.test(
+    "the scale action, confirmed, changes the instance count and is in the audit log",
+    async () => {
+      await page.goto(`${consoleUrl}/functions/${echo.id}`);
+      const form = page.locator(`table#deployments tr[data-version-id="${echo.versionId}"] form.scale`);
+      assert.equal(await form.locator("input[type=hidden][name=functionId]").inputValue(), echo.id);
+      assert.equal(await form.locator("input[type=hidden][name=versionId]").inputValue(), echo.versionId);
+      await form.locator("input[name=minInstances]").fill("2");
+      await form.locator("input[name=maxInstances]").fill("2");
+      await form.getByRole("button", { name: /^Scale/ }).click();
+      // the confirm page says what will happen, and nothing has happened yet
+      await page.locator("button#confirm").waitFor();
+      const confirmText = await text(page);
+      assert.match(confirmText, /console-echo|[0-9a-f-]{36}/);
+      assert.match(confirmText, /\b2\b/);
+      const before = JSON.parse(await cli(["deploy", "get", "console-echo", "--json"])) as {
+        deployment: { deploymentSpecifications: Array<{ minInstances: number; maxInstances: number }> };
+      };
+      assert.deepEqual(
+        before.deployment.deploymentSpecifications.map((s) => [s.minInstances, s.maxInstances]),
+        [[1, 1]],
+        "nothing changed before the confirmation",
+      );
+      await shot("confirm");
+      await page.locator("button#confirm").click();
+      await page.waitForURL(`${consoleUrl}/functions/${echo.id}`);
+      const after = JSON.parse(await cli(["deploy", "get", "console-echo", "--json"])) as typeof before;
+      assert.deepEqual(
+        after.deployment.deploymentSpecifications.map((s) => [s.minInstances, s.maxInstances]),
+        [[2, 2]],
+      );
+      assert.match(
+        await text(page, `table#deployments tr[data-version-id="${echo.versionId}"]`),
+        /\b2\s*[–-]\s*2\b/,
+      );
+      // the compute agent starts the second instance; the page shows it ready
+      await reloadUntil(
+        page,
+        `${consoleUrl}/functions/${echo.id}`,
+        "two ACTIVE instances",
+        async () => {
+          const is = await rowsOf(page, "table#instances tr[data-instance-id]");
+          return is.filter((i) => i["data-state"] === "ACTIVE").length === 2;
+        },
+        60_000,
+      );
+      await page.goto(`${consoleUrl}/functions?q=console-echo`);
+      assert.match(await text(page, `table#functions tr[data-function-id="${echo.id}"]`), /\b2\/2\b/);
+      // the audit log: who, what, which deployment
+      await page.goto(`${consoleUrl}/audit`);
+      const rows = page.locator("table#audit tr[data-action=scale]");
+      assert.equal(await rows.count(), 1);
+      const row = (await rows.textContent()) ?? "";
+      assert.match(row, new RegExp(`${echo.id}|console-echo`));
+      assert.match(row, /\b2\b/);
+    },
+  );
+
+  await t.test("the undeploy action, confirmed, removes the deployment and is in the audit log", async () => {
+    await page.goto(`${consoleUrl}/functions/${neverReady.id}`);
+    const form = page.locator(
+      `table#deployments tr[data-version-id="${neverReady.versionId}"] form.undeploy`,
+    );
+    await form.getByRole("button", { name: /^Undeploy/ }).click();
+    await page.locator("button#confirm").waitFor();
+    assert.match(await text(page), /console-never-ready|[0-9a-f-]{36}/);
+    await page.locator("button#confirm").click();
+    await page.waitForURL(`${consoleUrl}/functions/${neverReady.id}`);
+    assert.equal(await page.locator("table#deployments tr[data-version-id]").count(), 0);
+    const left = await runCli(["deploy", "get", "console-never-ready"], { cwd: dir, env: cliEnv(admin) });
+    assert.notEqual(left.code, 0, "the deployment is gone");
+    await page.goto(`${consoleUrl}/audit`);
+    assert.equal(await page.locator("table#audit tr[data-action=undeploy]").count(), 1);
+    // newest first
+    assert.deepEqual(
+      (await rowsOf(page, "table#audit tr[data-action]")).map((r) => r["data-action"]),
+      ["undeploy", "scale"],
+    );
+    await shot("audit");
+  });
+
+  await t.test("a form posted from another origin is refused and changes nothing", async () => {
+    const body = new URLSearchParams({
+      functionId: echo.id,
+      versionId: echo.versionId,
+      minInstances: "1",
+      maxInstances: "1",
+      confirmed: "1",
+    }).toString();
+    const r = await request(`${consoleUrl}/actions/scale`, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${admin}`,
+        origin: "http://elsewhere.example",
+        "content-type": "application/x-www-form-urlencoded",
+      },
+      body,
+    });
+    assert.equal(r.statusCode, 403);
+    assert.match(await r.body.text(), /CONSOLE_CROSS_ORIGIN/);
+    const d = JSON.parse(await cli(["deploy", "get", "console-echo", "--json"])) as {
+      deployment: { deploymentSpecifications: Array<{ minInstances: number }> };
+    };
+    assert.equal(d.deployment.deploymentSpecifications[0].minInstances, 2);
+  });
+
+  await t.test("at a phone's width (390x844) a page fits the screen", async () => {
+    await page.setViewportSize({ width: 390, height: 844 });
+    try {
+      await page.goto(`${consoleUrl}/functions`);
+      await shot("functions-phone");
+      const width = await page.evaluate<number>("document.documentElement.scrollWidth");
+      assert.ok(width <= 390, `the page is ${width} px wide: wider than the screen`);
+    } finally {
+      await page.setViewportSize({ width: 1280, height: 800 });
+    }
+  });
+
+  await t.test("no page loaded anything from outside, and no page script failed", () => {
+    assert.deepEqual(b.outside, []);
+    assert.deepEqual(b.errors, []);
+  });
+
+  await t.test("with the admin issuer disabled, the health page has no issuer row", async () => {
+    run.child.kill("SIGINT");
+    const { code } = await run.exited;
+    assert.equal(code, 0, run.output());
+    writeFileSync(
+      cfg.file,
+      readFileSync(cfg.file, "utf8").replace(
+        /^adminIssuerProxy:\n/m,
+        "adminIssuerProxy:\n  enabled: false\n",
+      ),
+    );
+    run = runStack(ctx, dir, cfg.file);
+    info = await waitStackReady(run, cfg.dataDir);
+    // the issuer's tokens are refused for good: the old session shows nothing
+    await page.goto(`${consoleUrl}/health`);
+    assert.equal(
+      await page.locator("form#login").count(),
+      1,
+      "the issuer's token no longer opens the console",
+    );
+    assert.equal(await page.locator("table#components").count(), 0);
+    // an admin token from the stack's signing key, as the stack tells the operator to get one
+    const token = (
+      await runCli(["admin", "token"], {
+        cwd: dir,
+        env: { ...CLEAN_ENV, HOME: dir, CALLPLANE__GLOBAL__DATA_DIR: cfg.dataDir },
+      })
+    ).stdout.trim();
+    assert.ok(token, "callplane admin token printed a token");
+    await logIn(page, consoleUrl, token);
+    const rows = await reloadUntil(page, `${consoleUrl}/health`, "both invocation replicas up", async () => {
+      const r = await rowsOf(page, "table#components tr[data-component]");
+      return r.filter((x) => x["data-component"] === "invocation" && x["data-state"] === "up").length === 2
+        ? r
+        : undefined;
+    });
+    const components = rows.map((r) => r["data-component"]);
+    for (const c of ["api", "database", "nats", "invocation", "grpc-proxy"])
+      assert.ok(components.includes(c), `a ${c} row`);
+    assert.ok(!components.includes("admin-issuer"), "no admin-issuer row at all");
+    await shot("health-issuer-disabled");
+  });
+
+  t.diagnostic(`screenshots: ${shots.join(", ")}`);
+});
