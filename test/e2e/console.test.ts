@@ -147,7 +147,7 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
   const shot = async (name: string) => shots.push(await b.screenshot(name));
 
   await t.test("stack.json names the console", () => {
-    assert.equal((info as StackJson & { console?: string }).console, consoleUrl);
+    assert.equal((info as StackJson & { console?: string }).console, `${consoleUrl}/`);
   });
 
   await t.test("without a token only the login page is served", async () => {

@@ -133,10 +133,10 @@ export async function functionsBody(c: ConsoleDeps, q: string, page: number): Pr
       <button type="submit">Filter</button>
     </form>
     <p class="muted">
-      ${all.length} functions${needle ? html` matching “${q}”` : ""}. Requests, errors and in flight: the last
-      minute, summed over the invocation replicas that answered${stats ? "" : " (none answered: blank)"};
-      p50/p99: the largest any one replica saw. Queue depth: messages waiting in the deployed versions' work
-      queues.
+      ${all.length} ${all.length === 1 ? "function" : "functions"}${needle ? html` matching “${q}”` : ""}.
+      Requests, errors and in flight: the last minute, summed over the invocation replicas that
+      answered${stats ? "" : " (none answered: blank)"}; Errors: their share. p50/p99: the largest any one
+      replica saw. Queued: messages waiting in the deployed versions' work queues.
     </p>
     <div class="table-wrap">
       <table id="functions">
@@ -144,13 +144,13 @@ export async function functionsBody(c: ConsoleDeps, q: string, page: number): Pr
           <tr>
             <th scope="col">Name</th>
             <th scope="col" class="num">Versions</th>
-            <th scope="col">Deployment state</th>
-            <th scope="col" class="num">Instances ready/desired</th>
+            <th scope="col">State</th>
+            <th scope="col" class="num">Ready/desired</th>
             <th scope="col" class="num">In flight</th>
-            <th scope="col" class="num">Requests/min</th>
-            <th scope="col" class="num">Error ratio</th>
-            <th scope="col" class="num">p50/p99 ms (max over replicas)</th>
-            <th scope="col" class="num">Queue depth</th>
+            <th scope="col" class="num">Req/min</th>
+            <th scope="col" class="num">Errors</th>
+            <th scope="col" class="num">p50/p99 ms</th>
+            <th scope="col" class="num">Queued</th>
           </tr>
         </thead>
         <tbody>

@@ -69,7 +69,9 @@ export const PAGE_HEADERS = {
     "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
   "x-frame-options": "DENY",
   "x-content-type-options": "nosniff",
-  "referrer-policy": "no-referrer",
+  // same-origin, not no-referrer: under no-referrer Chromium sends `Origin: null` on the console's
+  // own form posts, which the same-origin check must refuse (a sandboxed page sends null too)
+  "referrer-policy": "same-origin",
 } as const;
 
 export function sendPage(
