@@ -281,7 +281,10 @@ export async function benchStack(o: StackBenchOptions): Promise<Record<string, u
       { userDefaults: true, extraYaml: o.logLevel ? ["log:", `  level: ${o.logLevel}`] : [] },
     );
     const t0 = Date.now();
-    const run = runStack({ after: (fn) => void (fn && undo.push(fn as () => unknown)) }, dir, cfg.file);
+    // warmed as npm start warms it (the tests' stacks are not)
+    const run = runStack({ after: (fn) => void (fn && undo.push(fn as () => unknown)) }, dir, cfg.file, {
+      CALLPLANE_STACK_WARMUP: "3000",
+    });
     const info = await waitStackReady(run, cfg.dataDir);
     const startSeconds = Math.round((Date.now() - t0) / 100) / 10;
     const procs = stackRoles(run.child.pid!, dir, info.demo, [echo.pid!]);

@@ -10,8 +10,19 @@ import {
 } from "../lib/config/index.js";
 import { natsNodes } from "../lib/nats/index.js";
 import { cidrHost, parseCidr, parseHostPort, type HostPort } from "../lib/net/index.js";
-import { ensureDemo, invokeDemo, invokeDemoGrpc, waitActive } from "./demo.js";
+import { ensureDemo, invokeDemo, invokeDemoGrpc, waitActive, warmDemo } from "./demo.js";
 import { LocalStack, StackError, type StackInfo } from "./stack.js";
+
+/** Invocations per replica that warm the path once the demo answers (CALLPLANE_STACK_WARMUP; 0: none). */
+function warmupInvocations(): number {
+  const v = process.env.CALLPLANE_STACK_WARMUP;
+  if (v === undefined || v === "") return 3000;
+  if (!/^\d+$/.test(v))
+    throw new StackError(
+      `CALLPLANE_STACK_WARMUP must be a whole number of invocations per replica, not "${v}"`,
+    );
+  return Number(v);
+}
 
 /** The share of requests without a sampled traceparent that `npm start`'s tracing records. */
 const STACK_SAMPLE_RATIO = 0.01;
@@ -167,6 +178,7 @@ async function main(): Promise<void> {
   // as the demo does, has its request traced): at ratio 1 a saturated stack spends a tenth of its
   // CPU on spans.
   const tracing = config.observability.tracing;
+  const perReplica = warmupInvocations();
   const spanFile =
     tracing.enabled === false
       ? undefined
@@ -221,6 +233,13 @@ async function main(): Promise<void> {
   say(
     `demo: invoked ${demo.httpFunctionName} through ${invocation[0]} -> ${answer.status} ${answer.body}  (NVCF-REQID ${answer.requestId})`,
   );
+  if (perReplica > 0) {
+    const warm = await warmDemo(invocation, demo, { perReplica, concurrency: 32 });
+    say(
+      `warmed the invocation path: ${warm.invocations} invocations of ${demo.httpFunctionName} in ${(warm.ms / 1000).toFixed(1)} s` +
+        (warm.failed ? ` (${warm.failed} failed: see logs/)` : ""),
+    );
+  }
   if (spanFile || tracing.queryUrl)
     say(
       `demo: its trace, hop by hop: bin/callplane trace ${answer.requestId}   (spans in ${spanFile ?? tracing.queryUrl})`,

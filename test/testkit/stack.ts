@@ -175,10 +175,19 @@ export interface StackRun {
  * Whatever happens in the test, it is stopped afterwards, and any process it left behind (found by
  * `stackProcesses(cwd)`) is killed by its pid.
  */
-export function runStack(t: Ctx, cwd: string, configFile: string): StackRun {
+export function runStack(
+  t: Ctx,
+  cwd: string,
+  configFile: string,
+  /** Variables set over the inherited ones. */
+  extraEnv: Record<string, string> = {},
+): StackRun {
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env))
     if (!k.startsWith("CALLPLANE__") && k !== "CALLPLANE_CONFIG") env[k] = v;
+  // the tests do not need the path warmed for speed (and each stack start would take seconds more)
+  env.CALLPLANE_STACK_WARMUP ??= "0";
+  Object.assign(env, extraEnv);
   const child = spawn(process.execPath, [stackMain, "--config", configFile], {
     cwd,
     env,
