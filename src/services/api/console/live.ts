@@ -57,7 +57,9 @@ export async function liveBody(c: ConsoleDeps): Promise<Html> {
   return html`${lookupForm()}
     <p class="muted" aria-live="polite">
       <span id="live-status">as of page load</span>: requests held by the invocation replicas, oldest first
-      (at most ${LIVE_LIMIT}).
+      (at most ${LIVE_LIMIT}). <em>queued</em>: in the work queue or with a worker (a replica hears from a
+      worker only when it answers, or asks for the rest of a large body); <em>responding</em>: the answer is
+      on its way to the client.
     </p>
     <div class="table-wrap">
       <table id="inflight">
