@@ -16,7 +16,7 @@ import type { Page, Response as PageResponse } from "playwright-core";
 import { request } from "undici";
 import { startBrowser, testOutputDir, type TestBrowser } from "../testkit/browser.js";
 import { waitFor } from "../testkit/client.js";
-import { call, runCli, tmpDir } from "../testkit/index.js";
+import { call, CLI_CLEAN_ENV, runCli, tmpDir } from "../testkit/index.js";
 import { lifo } from "../testkit/proc.js";
 import {
   runStack,
@@ -32,18 +32,6 @@ const ADDRESSES = {
   podNetwork: "127.0.55.0/24",
   grpcNetwork: "127.0.57.0/24",
   instanceNetwork: "127.0.56.0/24",
-};
-
-/** Variables from the developer's shell that would change what the CLI does. */
-const CLEAN_ENV: NodeJS.ProcessEnv = {
-  CALLPLANE_TOKEN: undefined,
-  CALLPLANE_API_URL: undefined,
-  CALLPLANE_ISSUER_URL: undefined,
-  CALLPLANE_INVOCATION_URL: undefined,
-  CALLPLANE_API_KEY: undefined,
-  CALLPLANE_CLI_CONFIG: undefined,
-  CALLPLANE__GLOBAL__DATA_DIR: undefined,
-  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
 };
 
 /** An admin token from the stack's issuer, as `callplane init` gets one (the operator credential). */
@@ -130,7 +118,7 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
   const { page } = b;
   const admin = await issuerToken(info);
   const cliEnv = (token: string): NodeJS.ProcessEnv => ({
-    ...CLEAN_ENV,
+    ...CLI_CLEAN_ENV,
     HOME: dir,
     CALLPLANE_STATE_DIR: join(dir, "cli-state"),
     CALLPLANE_API_URL: info.api,
@@ -544,7 +532,7 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
     const token = (
       await runCli(["admin", "token"], {
         cwd: dir,
-        env: { ...CLEAN_ENV, HOME: dir, CALLPLANE__GLOBAL__DATA_DIR: cfg.dataDir },
+        env: { ...CLI_CLEAN_ENV, HOME: dir, CALLPLANE__GLOBAL__DATA_DIR: cfg.dataDir },
       })
     ).stdout.trim();
     assert.ok(token, "callplane admin token printed a token");

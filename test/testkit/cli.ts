@@ -3,6 +3,18 @@ import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { distRoot, repoRoot } from "./paths.js";
 
+/** Variables from the developer's shell that would change what the CLI does: unset for a test's CLI run. */
+export const CLI_CLEAN_ENV: NodeJS.ProcessEnv = {
+  CALLPLANE_TOKEN: undefined,
+  CALLPLANE_API_URL: undefined,
+  CALLPLANE_ISSUER_URL: undefined,
+  CALLPLANE_INVOCATION_URL: undefined,
+  CALLPLANE_API_KEY: undefined,
+  CALLPLANE_CLI_CONFIG: undefined,
+  CALLPLANE__GLOBAL__DATA_DIR: undefined,
+  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
+};
+
 /** Runs the built CLI as a child process and returns its exit code and output. */
 export function runCli(
   args: string[],

@@ -26,5 +26,5 @@ export {
   type TestIssuer,
 } from "./services.js";
 export { call, type JsonResponse } from "./client.js";
-export { runCli } from "./cli.js";
+export { CLI_CLEAN_ENV, runCli } from "./cli.js";
 export { sampleDeployment, sampleFunction } from "./samples.js";

@@ -8,6 +8,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
 import {
+  CLI_CLEAN_ENV,
   call,
   runCli,
   sampleFunction,
@@ -19,18 +20,6 @@ import {
 
 const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/;
 
-/** Variables from the developer's shell that would change what the CLI does. */
-const CLEAN_ENV: NodeJS.ProcessEnv = {
-  CALLPLANE_TOKEN: undefined,
-  CALLPLANE_API_URL: undefined,
-  CALLPLANE_ISSUER_URL: undefined,
-  CALLPLANE_INVOCATION_URL: undefined,
-  CALLPLANE_API_KEY: undefined,
-  CALLPLANE_CLI_CONFIG: undefined,
-  CALLPLANE__GLOBAL__DATA_DIR: undefined,
-  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
-};
-
 interface Cli {
   dir: string;
   stateFile: string;
@@ -39,7 +28,7 @@ interface Cli {
 
 function cli(t: TestContext, env: NodeJS.ProcessEnv = {}): Cli {
   const dir = tmpDir(t, "callplane-cli-");
-  const base = { ...CLEAN_ENV, HOME: dir, CALLPLANE_STATE_DIR: join(dir, "state"), ...env };
+  const base = { ...CLI_CLEAN_ENV, HOME: dir, CALLPLANE_STATE_DIR: join(dir, "state"), ...env };
   return {
     dir,
     stateFile: join(dir, "state", "state.json"),

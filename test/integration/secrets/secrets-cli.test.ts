@@ -8,21 +8,19 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { test, type TestContext } from "node:test";
-import { call, runCli, sampleFunction, startApi, tmpDir, type ApiFixture } from "../../testkit/index.js";
-
-const CLEAN_ENV: NodeJS.ProcessEnv = {
-  CALLPLANE_TOKEN: undefined,
-  CALLPLANE_API_URL: undefined,
-  CALLPLANE_ISSUER_URL: undefined,
-  CALLPLANE_INVOCATION_URL: undefined,
-  CALLPLANE_API_KEY: undefined,
-  CALLPLANE_CLI_CONFIG: undefined,
-  CALLPLANE__GLOBAL__DATA_DIR: undefined,
-};
+import {
+  call,
+  CLI_CLEAN_ENV,
+  runCli,
+  sampleFunction,
+  startApi,
+  tmpDir,
+  type ApiFixture,
+} from "../../testkit/index.js";
 
 function cli(t: TestContext, env: NodeJS.ProcessEnv) {
   const dir = tmpDir(t, "callplane-cli-");
-  const base = { ...CLEAN_ENV, HOME: dir, CALLPLANE_STATE_DIR: join(dir, "state"), ...env };
+  const base = { ...CLI_CLEAN_ENV, HOME: dir, CALLPLANE_STATE_DIR: join(dir, "state"), ...env };
   return {
     dir,
     run: (args: string[], opts: { input?: string; env?: NodeJS.ProcessEnv } = {}) =>

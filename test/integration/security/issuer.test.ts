@@ -12,22 +12,13 @@ import { promisify } from "node:util";
 import { decodeJwt } from "jose";
 import { loadConfig } from "../../../src/lib/config/index.js";
 import { LocalStack } from "../../../src/stack/stack.js";
-import { call, runCli, startApi, startIssuer, tmpDir } from "../../testkit/index.js";
+import { call, CLI_CLEAN_ENV, runCli, startApi, startIssuer, tmpDir } from "../../testkit/index.js";
 import { corpusSection, sendEntry } from "./corpus-http.js";
 
 interface AdminKey {
   value: string;
   authorizations: { policies: Array<{ resources: Array<{ id: string; type: string }> }> };
 }
-
-const CLEAN_ENV: NodeJS.ProcessEnv = {
-  CALLPLANE_TOKEN: undefined,
-  CALLPLANE_API_URL: undefined,
-  CALLPLANE_ISSUER_URL: undefined,
-  CALLPLANE_CLI_CONFIG: undefined,
-  CALLPLANE__GLOBAL__DATA_DIR: undefined,
-  CALLPLANE_OPERATOR_CREDENTIAL_FILE: undefined,
-};
 
 const execFileAsync = promisify(execFile);
 
@@ -162,7 +153,7 @@ test("callplane init from the stack's folder presents the credential; without it
     join(data, "stack.json"),
     JSON.stringify({ api: api.url, issuer: issuer.url, invocation: [], grpc: [], dataDir: data }),
   );
-  const env = { ...CLEAN_ENV, HOME: dir, CALLPLANE_STATE_DIR: join(dir, "state") };
+  const env = { ...CLI_CLEAN_ENV, HOME: dir, CALLPLANE_STATE_DIR: join(dir, "state") };
   const init = () => runCli(["init"], { cwd: dir, env });
 
   const missing = await init();

@@ -67,11 +67,10 @@ interface Plan {
   apply(): Promise<{ target: string; detail: Record<string, unknown> }>;
 }
 
-async function planScale(c: ConsoleDeps, f: Fields): Promise<Plan> {
+/** The deployment an action names (functionId, versionId), with its function's versions. */
+async function deploymentOf(c: ConsoleDeps, f: Fields) {
   const functionId = field(f, "functionId");
   const versionId = field(f, "versionId");
-  const min = count(f, "minInstances");
-  const max = count(f, "maxInstances");
   const versions = await loadFunction(c, functionId);
   const d = await c.api.store.getDeployment(functionId, versionId);
   if (!d)
@@ -79,6 +78,13 @@ async function planScale(c: ConsoleDeps, f: Fields): Promise<Plan> {
       "DEPLOYMENT_NOT_FOUND",
       `version ${versionId.slice(0, 64)} of ${versions[0].name} is not deployed`,
     );
+  return { functionId, versionId, versions, d };
+}
+
+async function planScale(c: ConsoleDeps, f: Fields): Promise<Plan> {
+  const min = count(f, "minInstances");
+  const max = count(f, "maxInstances");
+  const { functionId, versionId, versions, d } = await deploymentOf(c, f);
   // the API's own rules for a deployment (min ≤ max, the limits) apply to a scale from here too
   const specs = parseBody(deploymentSchema, {
     deploymentSpecifications: d.specs.map((s) => ({ ...s, minInstances: min, maxInstances: max })),
@@ -112,15 +118,7 @@ async function planScale(c: ConsoleDeps, f: Fields): Promise<Plan> {
 }
 
 async function planUndeploy(c: ConsoleDeps, f: Fields): Promise<Plan> {
-  const functionId = field(f, "functionId");
-  const versionId = field(f, "versionId");
-  const versions = await loadFunction(c, functionId);
-  const d = await c.api.store.getDeployment(functionId, versionId);
-  if (!d)
-    throw new CallplaneError(
-      "DEPLOYMENT_NOT_FOUND",
-      `version ${versionId.slice(0, 64)} of ${versions[0].name} is not deployed`,
-    );
+  const { functionId, versionId, versions, d } = await deploymentOf(c, f);
   const live = (await c.api.store.listInstances(versionId)).filter((i) => i.status !== "TERMINATED").length;
   return {
     functionId,
