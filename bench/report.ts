@@ -830,7 +830,15 @@ const SECTIONS: Section[] = [
     run: (p) => benchConsole(p.console),
     rows: (r, p) => rowsConsole(r, p.console),
     extra: (r) => {
-      const s = (r.setup as Record<string, unknown> | undefined) ?? {};
+      const s = (r.setup ?? {}) as {
+        held?: number;
+        target?: number;
+        heldByReplica?: Record<string, number>;
+        heldAfterPages?: number;
+        rampSeconds?: number;
+        stoppedBecause?: string;
+        openFileLimit?: number;
+      };
       const c = (r.checks as Record<string, unknown> | undefined) ?? {};
       const info = get(r, "pages.apiInfo") as { p50?: number; p99?: number } | undefined;
       const refused = Object.entries((r.pages as Record<string, { errors?: number }> | undefined) ?? {})
@@ -840,7 +848,7 @@ const SECTIONS: Section[] = [
         ...(refused.length
           ? [`- answers other than 200 (counted in the figures): ${refused.join(", ")}`]
           : []),
-        `- ${String(s.held)} of ${String(s.target)} requests held (${JSON.stringify(s.heldByReplica)} by replica, ${String(s.heldAfterPages)} still after the pages), reached in ${String(s.rampSeconds)} s${s.stoppedBecause ? `; stopped short: ${String(s.stoppedBecause)}` : ""}; open-file limit ${String(s.openFileLimit)} per process`,
+        `- ${String(s.held)} of ${String(s.target)} requests held (${JSON.stringify(s.heldByReplica)} by replica, ${String(s.heldAfterPages)} still after the pages), reached in ${String(s.rampSeconds)} s${s.stoppedBecause ? `; stopped short: ${s.stoppedBecause}` : ""}; open-file limit ${String(s.openFileLimit)} per process`,
         `- GET /v1/info (no work, the HTTP floor): p50 ${String(info?.p50)} ms, p99 ${String(info?.p99)} ms`,
         `- every page's p99 under ${CONSOLE_GOALS.pageMs} ms: ${c.everyPageP99Under300ms ? "yes" : "no"} (slowest: ${String(c.slowestPage)}, p99 ${String(c.slowestP99Ms)} ms)`,
         `- the live page's updates under ${CONSOLE_GOALS.livePercentOfCore}% of a core (API + replicas, the most over the client counts): ${c.liveUnder5PercentOfCore ? "yes" : "no"} (${String(c.liveAddedPercentOfCoreMost)}%)`,
