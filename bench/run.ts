@@ -384,7 +384,7 @@ async function main(): Promise<void> {
     const runs = (result.live as { runs: Record<string, Record<string, unknown>> }).runs;
     for (const r of Object.values(runs))
       console.log(
-        `  live page, ${String(r.clients)} client(s): added % of one core ${JSON.stringify(r.addedPercentOfCore)}; ${String(r.eventsPerSecondPerClient)} events/s per client, ${String(r.bytesPerEvent)} bytes each`,
+        `  live page, ${String(r.clients)} client(s): added % of one core ${JSON.stringify(r.addedPercentOfCore)}; API + replicas in all ${JSON.stringify(r.totalPercentOfCore)}% of one core; ${String(r.eventsPerSecondPerClient)} events/s per client, ${String(r.bytesPerEvent)} bytes each`,
       );
     console.log(`  checks: ${JSON.stringify(checks)}`);
   } else {
