@@ -88,6 +88,9 @@ export interface Replica {
 export interface Chain {
   dir: string;
   key: string;
+  /** The API (its URL and process) and a plane-wide admin token for it (an hour). */
+  api: { url: string; proc: ChildProcess };
+  adminToken: string;
   functionId: string;
   echo: { url: string; proc: ChildProcess };
   /** Every example inference server (the first is `echo`). */
@@ -216,7 +219,7 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     );
   // the auth callout lets the workers' shared nkey in (as the stack runs it)
   await service("nats-auth-callout", {});
-  await service("api", { CALLPLANE__API__LISTEN: `127.0.0.1:${apiPort}` });
+  const apiProc = await service("api", { CALLPLANE__API__LISTEN: `127.0.0.1:${apiPort}` });
   const api = `http://127.0.0.1:${apiPort}`;
   const admin = (await (await createAdminTokenSigner(readFileSync(keyFile, "utf8"), 3600)).sign()).token;
   const fn = (
@@ -417,6 +420,8 @@ export async function startChain(o: ChainOptions): Promise<Chain> {
     grpc,
     dir,
     key,
+    api: { url: api, proc: apiProc },
+    adminToken: admin,
     functionId: fn.id,
     echo: { url: `http://127.0.0.1:${echoPort}`, proc: echo },
     inference: inference.map(({ url, proc }) => ({ url, proc })),

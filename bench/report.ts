@@ -8,6 +8,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, release, totalmem } from "node:os";
 import { join } from "node:path";
 import { natsServerBinary } from "../src/lib/nats/index.js";
+import { benchConsole, CONSOLE_GOALS, type ConsoleBenchOptions } from "./console.js";
 import { benchGrpc, type GrpcBenchOptions } from "./grpc.js";
 import { median, stopAll } from "./harness.js";
 import { benchInvoke, type InvokeBenchOptions } from "./invoke.js";
@@ -31,7 +32,16 @@ export interface Profile {
   scale: ScaleBenchOptions;
   pending: PendingBenchOptions;
   tracing: TracingBenchOptions;
+  console: ConsoleBenchOptions;
 }
+
+const consoleDefaults = {
+  functions: 1000,
+  replicas: 2,
+  liveClients: [1, 10],
+  deployEvery: 50,
+  auditEntries: 60,
+};
 
 const pendingDefaults = {
   perProcess: 15000,
@@ -55,6 +65,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
     scale: { seconds: 5, connections: 32, rounds: 3, replicas: [1, 2, 4], workers: 1, concurrency: 128 },
     pending: { ...pendingDefaults, checkpoints: [10_000, 30_000, 100_000], rampTimeoutSeconds: 300 },
     tracing: { seconds: 5, connections: 32, workers: 1, concurrency: 128, rounds: 3 },
+    console: { ...consoleDefaults, inFlight: 10_000, samples: 200, liveSeconds: 20, rampTimeoutSeconds: 300 },
   },
   quick: {
     name: "quick",
@@ -67,6 +78,7 @@ export const PROFILES: Record<"full" | "quick", Profile> = {
     scale: { seconds: 3, connections: 32, rounds: 2, replicas: [1, 2, 4], workers: 1, concurrency: 128 },
     pending: { ...pendingDefaults, checkpoints: [2_000, 10_000], rampTimeoutSeconds: 120 },
     tracing: { seconds: 3, connections: 32, workers: 1, concurrency: 128, rounds: 2 },
+    console: { ...consoleDefaults, inFlight: 2_000, samples: 30, liveSeconds: 8, rampTimeoutSeconds: 120 },
   },
 };
 
@@ -111,6 +123,14 @@ export function commandOf(name: keyof Omit<Profile, "name">, p: Profile): string
       workers: "workers",
       concurrency: "concurrency",
       rounds: "rounds",
+    },
+    console: {
+      functions: "functions",
+      inFlight: "in-flight",
+      replicas: "replicas",
+      samples: "samples",
+      liveSeconds: "live-seconds",
+      liveClients: "live-clients",
     },
   };
   const args = Object.entries(flags[name]).map(([k, f]) => {
@@ -638,6 +658,92 @@ function rowsPending(r: Result): Row[] {
   return rows;
 }
 
+/** The console's pages as the rows name them, in the order they are measured. */
+const CONSOLE_PAGES: Array<[string, (o: ConsoleBenchOptions) => string]> = [
+  ["health", () => "GET /console/health"],
+  ["functions", (o) => `GET /console/functions (page 1 of ${Math.ceil(o.functions / 50)})`],
+  ["functionsFiltered", () => "GET /console/functions?q=fn-00 (a name filter, 100 match)"],
+  ["functionsLastPage", (o) => `GET /console/functions?page=${Math.ceil(o.functions / 50)} (the last page)`],
+  ["function", () => "GET /console/functions/ID (the function holding the requests)"],
+  ["live", () => "GET /console/live (the page, 200 rows)"],
+  ["audit", () => `GET /console/audit (page 1)`],
+  ["request", () => "GET /console/requests/ID (a request in flight)"],
+];
+
+function rowsConsole(r: Result, o: ConsoleBenchOptions): Row[] {
+  const held = num(get(r, "setup.held")) ?? 0;
+  const at = `${o.functions.toLocaleString("en-US")} functions, ${held.toLocaleString("en-US")} in flight`;
+  const rows: Row[] = [];
+  for (const [key, label] of CONSOLE_PAGES)
+    for (const [field, metric] of [
+      ["p50", "p50, one request at a time"],
+      ["p99", "p99, one request at a time"],
+    ] as const) {
+      const value = num(get(r, `pages.${key}.${field}`));
+      const baseline = num(get(r, `pages.apiFunctionList.${field}`));
+      rows.push({
+        name: `console at ${at}: ${label(o)}`,
+        metric,
+        value,
+        unit: "ms",
+        baselineName: "GET /v2/nvcf/functions (the API's JSON list of the same functions), same token",
+        baseline,
+        ratio: plainRatio(value, baseline),
+        runs: 1,
+      });
+    }
+  const runs = (get(r, "live.runs") as Record<string, Record<string, unknown>> | undefined) ?? {};
+  for (const run of Object.values(runs)) {
+    const k = num(run.clients) ?? 0;
+    const clients = `${k} client${k === 1 ? "" : "s"}`;
+    for (const [p, label] of [
+      ["api", "API"],
+      ["replicas", "invocation replicas (all)"],
+      ["nats", "nats-server"],
+    ] as const) {
+      const busy = num(get(run, `cpuMsPerSecond.${p}`));
+      const quiet = num(get(run, `quietCpuMsPerSecond.${p}`));
+      const value = busy === undefined ? undefined : busy / 10;
+      const baseline = quiet === undefined ? undefined : quiet / 10;
+      rows.push({
+        name: `the live page's updates (${o.liveSeconds} s, ${clients} on /console/live/events), ${at}: ${label}`,
+        metric: "CPU, % of one core",
+        value,
+        unit: "%",
+        baselineName: "the same process, no live client (intervals just before and after)",
+        baseline,
+        ratio: plainRatio(value, baseline),
+        runs: 1,
+      });
+    }
+    const total = num(get(run, "totalPercentOfCore.apiAndReplicas"));
+    const quietTotal =
+      (num(get(run, "quietCpuMsPerSecond.api")) ?? NaN) / 10 +
+      (num(get(run, "quietCpuMsPerSecond.replicas")) ?? NaN) / 10;
+    rows.push({
+      name: `the live page's updates (${o.liveSeconds} s, ${clients}), ${at}: API + replicas, everything they did (their work at rest included)`,
+      metric: "CPU, % of one core",
+      value: total,
+      unit: "%",
+      baselineName: "the same processes, no live client (intervals just before and after)",
+      baseline: Number.isFinite(quietTotal) ? quietTotal : undefined,
+      ratio: plainRatio(total, Number.isFinite(quietTotal) ? quietTotal : undefined),
+      runs: 1,
+    });
+    rows.push({
+      name: `the live page's updates, ${clients}, ${at}: API + replicas`,
+      metric: `added CPU, % of one core (goal < ${CONSOLE_GOALS.livePercentOfCore})`,
+      value: num(get(run, "addedPercentOfCore.apiAndReplicas")),
+      unit: "%",
+      baselineName: "—",
+      baseline: undefined,
+      ratio: undefined,
+      runs: 1,
+    });
+  }
+  return rows;
+}
+
 // ----- rendering -----
 
 function fmt(x: number | undefined, unit: string): string {
@@ -732,6 +838,38 @@ const SECTIONS: Section[] = [
     rows: (r, p) => rowsScale(r, p.scale),
   },
   {
+    key: "console",
+    title: "The operator console at 1,000 functions and 10,000 requests in flight",
+    how: `The bench chain (nats-server, the API, two invocation replicas whose workers call back through the callback proxy and one in-cluster replica, one worker), with the replicas' relay on as \`npm start\` runs several replicas (they register, so the console waits for exactly their answers). Through the API's own routes: functions up to the count (every 50th deployed; no instance starts, the bench has no compute agent), 60 confirmed scale actions posted to the console (the audit page), 200 answered echo invocations (the replicas' last-minute stats). Then the requests in flight: POSTs to a deployed function no worker serves, with \`NVCF-POLL-SECONDS: 3600\`, one per raw keep-alive socket from the bench's process, spread over the two replicas; how many are held is read from the console's own health page (each replica's report). Each page is then fetched one request at a time on one keep-alive connection with an admin Bearer token (pages in turn, after a warm-up), beside the API's JSON list of the same functions (\`GET /v2/nvcf/functions\`, the row baseline) and \`GET /v1/info\`. The live page's cost: CPU time (utime + stime, /proc) of the API, every replica and nats-server over an interval with K clients on \`/console/live/events\`, against the mean of the same interval with none just before and just after. The issue's goals: every page within ${CONSOLE_GOALS.pageMs} ms, the live page's updates under ${CONSOLE_GOALS.livePercentOfCore}% of a core for the replicas and the API.`,
+    run: (p) => benchConsole(p.console),
+    rows: (r, p) => rowsConsole(r, p.console),
+    extra: (r) => {
+      const s = (r.setup ?? {}) as {
+        held?: number;
+        target?: number;
+        heldByReplica?: Record<string, number>;
+        heldAfterPages?: number;
+        rampSeconds?: number;
+        stoppedBecause?: string;
+        openFileLimit?: number;
+      };
+      const c = (r.checks as Record<string, unknown> | undefined) ?? {};
+      const info = get(r, "pages.apiInfo") as { p50?: number; p99?: number } | undefined;
+      const refused = Object.entries((r.pages as Record<string, { errors?: number }> | undefined) ?? {})
+        .filter(([, l]) => l.errors)
+        .map(([k, l]) => `${k} ${String(l.errors)}`);
+      return [
+        ...(refused.length
+          ? [`- answers other than 200 (counted in the figures): ${refused.join(", ")}`]
+          : []),
+        `- ${String(s.held)} of ${String(s.target)} requests held (${JSON.stringify(s.heldByReplica)} by replica, ${String(s.heldAfterPages)} still after the pages), reached in ${String(s.rampSeconds)} s${s.stoppedBecause ? `; stopped short: ${s.stoppedBecause}` : ""}; open-file limit ${String(s.openFileLimit)} per process`,
+        `- GET /v1/info (no work, the HTTP floor): p50 ${String(info?.p50)} ms, p99 ${String(info?.p99)} ms`,
+        `- every page's p99 under ${CONSOLE_GOALS.pageMs} ms: ${c.everyPageP99Under300ms ? "yes" : "no"} (slowest: ${String(c.slowestPage)}, p99 ${String(c.slowestP99Ms)} ms)`,
+        `- the live page's updates under ${CONSOLE_GOALS.livePercentOfCore}% of a core (API + replicas, the most over the client counts): ${c.liveUnder5PercentOfCore ? "yes" : "no"} (added at most ${String(c.liveAddedPercentOfCoreMost)}%; everything the API and the replicas did with the clients connected, their work at rest included, at most ${String(c.liveTotalPercentOfCoreMost)}%). An added figure below zero means the cost is smaller than how much the processes' CPU at rest varies between intervals`,
+      ].join("\n");
+    },
+  },
+  {
     key: "pending",
     title: "Memory per pending (polled) request",
     how: "Requests that got their 202 (NVCF-POLL-SECONDS: 1) to the example server's /slow told to take two hours, each with a client long-polling `GET /status/{id}` on its own connection (raw sockets, client processes of their own). Each process's RSS is read at rest, then at each checkpoint once that many requests are held; per pending request = growth ÷ count. Requests are spread over replicas, inference servers and clients of at most 15,000 each (the machine's 20,000 open files per process) and workers of 1,024 slots each. A step that would leave the machine less than the memory floor is cut short, and says so. Rows come from the steps that held what they were asked to; a step whose ramp stopped short is in the lines below the table, with why. One ramp (runs = 1); the baseline is the same figure at the first checkpoint (a ratio near 1 means linear).",
@@ -798,6 +936,8 @@ const HEADLINE: Record<string, (r: Row) => boolean> = {
   scale: (r) => r.metric === "invocations/s",
   pending: (r) => r.name.includes("replicas + workers") || r.name.includes("nats-server"),
   tracing: (r) => r.metric === "invocations/s" || r.metric === "CPU ms per invocation",
+  console: (r) =>
+    r.metric.startsWith("p99") || r.metric.startsWith("added CPU") || r.name.includes("everything they did"),
 };
 
 function render(profile: Profile, m: MachineInfo, outcomes: Record<string, Outcome>, totalS: number): string {

@@ -1,20 +1,23 @@
 // `npm run bench [-- --quick]`: every benchmark of the report, then bench/RESULTS.md (bench/report.ts)
 // `npm run bench -- invoke [--seconds N] [--connections N] [--workers N] [--concurrency N] [--rounds N]`
-// `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets|kubernetes [options]`: one benchmark alone
+// `npm run bench -- stream|sse|proxy|grpc|scale|pending|secrets|kubernetes|console [options]`: one benchmark alone
 // `npm run bench -- stack [--seconds N] [--connections N] [--rounds N] [--mib N] [--idle-seconds N] [--log-level L]`:
 //   the stack as `npm start` runs it (bench/stack.ts)
 // `npm run bench -- tracing [--seconds N] [--connections N] [--workers N] [--concurrency N] [--rounds N]`:
 //   throughput and CPU with tracing on (ratio 1.0) against off, in one run (bench/tracing.ts)
+// `npm run bench -- console [--functions N] [--in-flight N] [--replicas N] [--samples N] [--live-seconds N]
+//   [--live-clients 1,10]`: the operator console at 1,000 functions and 10,000 in flight (bench/console.ts)
 // `npm run bench -- all [--quick] [--only invoke,proxy] [--out FILE]`: the report, or part of it
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { benchConsole } from "./console.js";
 import { cleanup, stopAll } from "./harness.js";
 import { benchGrpc } from "./grpc.js";
 import { benchInvoke } from "./invoke.js";
 import { benchKubernetes } from "./kubernetes.js";
 import { benchPending } from "./pending.js";
 import { benchProxy, type ProxyResult } from "./proxy.js";
-import { reportMain } from "./report.js";
+import { PROFILES, reportMain } from "./report.js";
 import { benchScale } from "./scale.js";
 import { benchSecrets } from "./secrets.js";
 import { benchSse } from "./sse.js";
@@ -356,9 +359,37 @@ async function main(): Promise<void> {
     console.log(`  decrypt, cold NEK cache   ${ms(st.decryptCold)}`);
     console.log(`  envelope only: seal ${ms(env.seal)}; open ${ms(env.open)}`);
     console.log(`  (${String(result.notes)})`);
+  } else if (which === "console") {
+    const d = PROFILES.full.console;
+    result = await benchConsole({
+      ...d,
+      functions: flag("functions", d.functions),
+      inFlight: flag("in-flight", d.inFlight),
+      replicas: flag("replicas", d.replicas),
+      samples: flag("samples", d.samples),
+      liveSeconds: flag("live-seconds", d.liveSeconds),
+      liveClients: list("live-clients", d.liveClients),
+    });
+    type Lat = { p50: number; p99: number; n: number; bytes: number; errors: number };
+    const setup = result.setup as Record<string, unknown>;
+    const pages = result.pages as Record<string, Lat>;
+    const checks = result.checks as Record<string, unknown>;
+    console.log(
+      `\nconsole benchmark (${String(setup.functions)} functions, ${String(setup.held)} of ${String(setup.target)} requests in flight on ${String(setup.replicas)} replicas), ${String(result.machine)}`,
+    );
+    for (const [k, l] of Object.entries(pages))
+      console.log(
+        `  ${k.padEnd(18)} p50 ${l.p50} ms  p99 ${l.p99} ms  (${l.n} requests, ${l.bytes} bytes${l.errors ? `, ${l.errors} not 200` : ""})`,
+      );
+    const runs = (result.live as { runs: Record<string, Record<string, unknown>> }).runs;
+    for (const r of Object.values(runs))
+      console.log(
+        `  live page, ${String(r.clients)} client(s): added % of one core ${JSON.stringify(r.addedPercentOfCore)}; API + replicas in all ${JSON.stringify(r.totalPercentOfCore)}% of one core; ${String(r.eventsPerSecondPerClient)} events/s per client, ${String(r.bytesPerEvent)} bytes each`,
+      );
+    console.log(`  checks: ${JSON.stringify(checks)}`);
   } else {
     throw new UsageError(
-      `unknown benchmark ${which}; use all (the default), invoke, stack, stream, sse, proxy, grpc, scale, pending, secrets or kubernetes`,
+      `unknown benchmark ${which}; use all (the default), invoke, stack, stream, sse, proxy, grpc, scale, pending, secrets, kubernetes or console`,
     );
   }
   const dir = join(import.meta.dirname, "..", "..", "bench", "results");
