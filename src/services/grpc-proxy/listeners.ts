@@ -40,12 +40,14 @@ export class ClientListener {
   readonly server: Http2Server | Http2SecureServer;
   private readonly reloader: TlsReloader | undefined;
   private readonly sessions = new Set<ServerHttp2Session>();
+  private readonly logger: Logger;
 
   constructor(
     private readonly opts: Pick<GrpcProxyOptions, "listen" | "clientTls">,
     private readonly calls: Calls,
     { logger, registry }: ListenerContext,
   ) {
+    this.logger = logger;
     if (opts.clientTls) {
       const reloader = new TlsReloader(
         "grpc-client-listener",
@@ -117,13 +119,32 @@ export class ClientListener {
     s.on("error", () => undefined);
   }
 
+  /**
+   * A reset the client sent (CANCEL, its deadline) is its own business. Any other error on a
+   * client's stream made Node reset the call with INTERNAL_ERROR, which a gRPC client reads as
+   * INTERNAL, not as a status grpc-proxy chose: worth an operator's look, with what caused it.
+   */
+  private onStreamError(stream: ServerHttp2Stream, err: NodeJS.ErrnoException): void {
+    if (err.code === "ERR_HTTP2_STREAM_ERROR" && !err.message.includes("INTERNAL_ERROR")) return;
+    this.logger.warn(
+      {
+        err: err.message,
+        code: err.code,
+        stream: stream.id,
+        headersSent: stream.headersSent,
+        sessionClosed: stream.session?.closed,
+      },
+      "a client's call was reset after an error on its stream",
+    );
+  }
+
   private onStream(
     stream: ServerHttp2Stream,
     headers: IncomingHttpHeaders,
     flags: number,
     rawHeaders: string[],
   ): void {
-    stream.on("error", () => undefined);
+    stream.on("error", (err: NodeJS.ErrnoException) => this.onStreamError(stream, err));
     void this.calls.onStream(stream, headers, flags, rawHeaders);
   }
 }

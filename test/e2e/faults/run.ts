@@ -7,7 +7,7 @@
 //
 // The full profile (the default here) restarts every replica, rotates certificates ten times and
 // asserts the latency criterion; CI runs the small one (test/e2e/faults.test.ts) inside its time.
-import { writeFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
@@ -78,14 +78,29 @@ export async function runSuite(
       log(line(report));
       for (const p of report.problems) log(`    problem: ${p}`);
       if (!report.passed && opts.evidenceDir) {
-        plane.saveOutputs(join(opts.evidenceDir, c.name));
-        log(`    evidence: every service's output in ${join(opts.evidenceDir, c.name)}`);
+        const dir = join(opts.evidenceDir, c.name);
+        plane.saveOutputs(dir);
+        log(`    evidence: every service's output in ${dir}`);
+        // a CI log is often all there is: the services' warnings and errors go in it too
+        for (const l of warnings(dir)) log(`    ${l}`);
       }
     }
   } finally {
     await plane.close();
   }
   return reports;
+}
+
+/** The last warnings and errors (pino level 40 and up) each service wrote, as `service: line`. */
+function warnings(dir: string, perService = 15): string[] {
+  const out: string[] = [];
+  for (const f of readdirSync(dir).filter((n) => n.endsWith(".log"))) {
+    const lines = readFileSync(join(dir, f), "utf8")
+      .split("\n")
+      .filter((l) => /"level":(4|5|6)0\b/.test(l));
+    for (const l of lines.slice(-perService)) out.push(`${f.slice(0, -4)}: ${l.slice(0, 400)}`);
+  }
+  return out;
 }
 
 /** `PASS rolling-restart-invocation (41.2 s) http: sent ... | notes` */
