@@ -30,6 +30,9 @@ import type { GrpcProxyOptions } from "./options.js";
 import type { ProxyState } from "./state.js";
 import { CONNECT_PATH, type Tunnels } from "./tunnels.js";
 
+/** How long calls ended at the grace's end get to send their status before connections are cut. */
+const STATUS_FLUSH_MS = 500;
+
 interface ListenerContext {
   logger: Logger;
   registry: Registry;
@@ -96,14 +99,27 @@ export class ClientListener {
     );
   }
 
-  /** No new connections; GOAWAY to every client; their calls get up to graceMs, then are cut. */
-  async close(graceMs: number): Promise<void> {
+  /**
+   * No new connections; GOAWAY to every client; their calls get up to graceMs. Past it,
+   * `endCalls` ends the calls still running with a status (UNAVAILABLE, as trailers: see
+   * service.ts) and they get a moment to send it; only then are the connections cut. Cutting them
+   * first would reset every call on them, which a gRPC client reads as INTERNAL.
+   */
+  async close(graceMs: number, endCalls: () => void = () => undefined): Promise<void> {
     this.server.close();
     for (const s of this.sessions) s.close();
-    const deadline = Date.now() + graceMs;
-    while (this.sessions.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    await this.sessionsGone(graceMs);
+    if (this.sessions.size > 0) {
+      endCalls();
+      await this.sessionsGone(STATUS_FLUSH_MS);
+    }
     for (const s of this.sessions) s.destroy();
     this.reloader?.close();
+  }
+
+  private async sessionsGone(ms: number): Promise<void> {
+    const deadline = Date.now() + ms;
+    while (this.sessions.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
   }
 
   destroy(): void {

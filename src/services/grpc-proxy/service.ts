@@ -130,8 +130,11 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       state.draining = true;
       if (drainDelayMs > 0) await new Promise((r) => setTimeout(r, drainDelayMs));
       state.closing = true;
-      await clients.close(graceMs);
-      sessions.endAll(new CallplaneError("SHUTTING_DOWN", "grpc-proxy is stopping"), "replica stopping");
+      const stopping = new CallplaneError("SHUTTING_DOWN", "grpc-proxy is stopping");
+      // past the grace, cutting the tunnels ends each call left with UNAVAILABLE as trailers
+      // (forwardStream), and a call still waiting for its worker with SHUTTING_DOWN
+      await clients.close(graceMs, () => sessions.endAll(stopping, "grace over", true));
+      sessions.endAll(stopping, "replica stopping");
       await state.replicas?.close();
       await workers.close();
       sessions.close();

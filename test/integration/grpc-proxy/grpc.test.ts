@@ -523,6 +523,29 @@ test(
 );
 
 test(
+  "a call still running when the stop's grace is over ends with UNAVAILABLE, never with a reset",
+  { timeout: 90_000 },
+  async (t) => {
+    const plane = await startGrpcPlane(t);
+    const { proxy, target } = plane.proxies[0];
+    const c = grpcClient(t, target);
+    // 40 messages 100 ms apart: four seconds, far past a 300 ms grace
+    const call = serverStream(c, echoMessage("s", 40, 100), meta(plane.fn));
+    const done = collect(call);
+    await new Promise((r) => call.once("data", r));
+    const started = Date.now();
+    await proxy.close(300);
+    const end = await done;
+    // grpc-proxy's own status, as trailers: not a dropped connection ("Connection dropped"), and
+    // not a reset, which reaches the client as INTERNAL ("Received RST_STREAM with code 2")
+    assert.equal(end.err?.code, status.UNAVAILABLE, `${end.err?.code} ${end.err?.details}`);
+    assert.match(end.err?.details ?? "", /tunnel for session [0-9a-f-]{36} closed during the call; retry/);
+    assert.ok(end.messages.length >= 1 && end.messages.length < 40, `${end.messages.length} messages`);
+    assert.ok(Date.now() - started < 10_000, "the stop did not wait for the call");
+  },
+);
+
+test(
   "bin/callplane invoke --grpc calls a function's Echo/Unary through grpc-proxy and says what failed",
   { timeout: 90_000 },
   async (t) => {
