@@ -28,8 +28,14 @@ export function cleanup(): void {
   for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
 }
 
-/** Stops every child politely (so that profilers can write their files), then kills what is left. */
-export async function stopAll(graceMs = 3000): Promise<void> {
+/**
+ * Stops every child politely (so that profilers can write their files), then kills what is left.
+ * Profiled services get longer: a replica's stop waits out its drain delay before it exits, and a
+ * killed process writes no profile.
+ */
+export async function stopAll(
+  graceMs = process.env.CALLPLANE_BENCH_NODE_ARGS ? 40_000 : 3000,
+): Promise<void> {
   const alive = procs.filter((p) => p.exitCode === null && p.signalCode === null);
   // the list is emptied: a run of several benchmarks stops each one's processes before the next
   procs.length = 0;
