@@ -395,7 +395,7 @@ void test("the operator console", async (t) => {
       assert.equal(entries.length, 3, before.text);
       for (const e of entries) assert.equal(attrOf(e, "data-subject"), claims.sub);
       assert.equal(cellsOf(before.text, entries[0])[2], claims.jti, "the token's id, in its own column");
-      assert.match(before.text, /Kept: the newest 3\s+actions of the last 30 days/);
+      assert.match(before.text, /Kept: the newest\s+3\s+actions\s+of\s+the\s+last\s+30\s+days/);
 
       // a fourth action: the oldest (the first scale) goes
       const form = { functionId: echo.id, versionId: echo.versionId, minInstances: "1", maxInstances: "3" };

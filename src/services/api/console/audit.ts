@@ -39,8 +39,9 @@ export async function auditBody(c: ConsoleDeps, page: number): Promise<Html> {
   const more = rows.length > PAGE_SIZE;
   return html`<p class="muted">
       Every action taken in the console: scale, undeploy, revoke identity. Newest first. Who: the admin
-      token's subject, and the token's id (revoke a token by it). Kept: the newest ${c.api.audit.maxRows}
-      actions of the last ${c.api.audit.maxAgeDays} days (<code>api.audit</code>).
+      token's subject, and the token's id (revoke a token by it). Kept: the newest
+      ${c.api.audit.maxRows.toLocaleString("en")} actions of the last ${c.api.audit.maxAgeDays} days
+      (<code>api.audit</code>).
     </p>
     <div class="table-wrap">
       <table id="audit">
