@@ -14,3 +14,10 @@ export const NVCF_HEADERS = {
   /** The client's poll window in seconds (§2.2). */
   pollSeconds: "nvcf-poll-seconds",
 } as const;
+
+/**
+ * callplane's own, not NVCF's: the instance id a callplane worker names itself by on its callbacks
+ * and status-poll acks, which the operator console shows as the worker that holds a request. It
+ * authorizes nothing (the attach token does); an NVCF worker does not send it.
+ */
+export const WORKER_INSTANCE_HEADER = "x-callplane-worker-instance";

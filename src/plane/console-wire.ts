@@ -9,8 +9,10 @@ export interface InFlightRow {
   requestId: string;
   functionId: string;
   versionId: string;
-  state: "queued" | "responding";
+  state: HeldState;
   ageMs: number;
+  /** The worker that has it, once one called back (see WorkerSeen). */
+  worker?: WorkerSeen;
   /** A status poll (GET /v2/nvcf/pexec/status/{id}) waiting on this replica, not a new request. */
   poll: boolean;
 }
@@ -43,7 +45,9 @@ export interface ReplicaReport {
 export interface RequestLookup {
   requestId: string;
   holder: string;
-  state: "queued" | "responding" | "answered" | "failed" | "unknown";
+  state: HeldState | "answered" | "failed" | "unknown";
+  /** The worker that has it (held), or that answered it (ended), as far as the replica heard. */
+  worker?: WorkerSeen;
   functionId?: string;
   versionId?: string;
   ageMs?: number;
@@ -61,3 +65,25 @@ export interface ConsoleInflightQuery {
 
 /** Rows a report carries unless asked otherwise, and at most (1000 rows are about 200 KB). */
 export const INFLIGHT_ROWS = { default: 200, max: 1000 } as const;
+
+// ---- Which worker has a request (its replica's knowledge of it; services/invocation/worker-seen.ts)
+
+/**
+ * Where a request held by a replica is: `queued`, no worker has called back yet (it waits in the
+ * work queue, or a worker runs it without having needed the replica: a body that came whole in the
+ * work message, an answer not begun); `with-worker`, a worker called back (it fetched the rest of
+ * the body, or took a status poll) and its answer has not begun; `responding`, its answer streams.
+ */
+export type HeldState = "queued" | "with-worker" | "responding";
+
+/** The worker that called back for a request, as its replica saw it. */
+export interface WorkerSeen {
+  /**
+   * Its instance id: from its NATS inbox for an answer over NATS (bound to the instance by its
+   * identity token), or as its callbacks name it (callplane's workers send x-callplane-worker-instance;
+   * an NVCF worker does not).
+   */
+  instanceId?: string;
+  /** The address its HTTP callback came from (the pod's; through the callback proxy, as the proxy says). */
+  address?: string;
+}

@@ -46,6 +46,9 @@ export class Relay {
     }
     const headers = forwardHeaders(req, PROTECTED, DROP);
     headers[RELAYED_HEADER] = holderHex(this.self);
+    // the holder tells the worker by where its callback came from (the console shows it), not by us
+    if (headers["x-forwarded-for"] === undefined && req.socket.remoteAddress)
+      headers["x-forwarded-for"] = req.socket.remoteAddress;
     const relaySpan = span && traceRelay(span, req, holderHex(holder), entry.relayUrl, headers);
     const r = await forward(req, res, {
       dispatcher: this.agent,

@@ -293,7 +293,9 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
           "content-type": "application/json",
           "nvcf-poll-seconds": "60",
         },
-        body: "{}",
+        // past the 32 KiB that travel in the work message: the worker fetches the rest from the
+        // replica first, so the replica knows which worker has the request
+        body: JSON.stringify({ pad: "x".repeat(48 * 1024) }),
       },
     );
     const slowRow = page
@@ -319,6 +321,18 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
       holders.some((h) => rowText.includes(h)),
       `the row names the replica that holds it (one of ${holders.join(", ")}): ${rowText}`,
     );
+    // the worker that has it: its instance id, and the address it called back from (as the callback
+    // proxy saw it: on one machine, the loopback address the worker's connection came from)
+    const withWorker = page.locator(
+      `table#inflight tr[data-request-id="${requestId}"][data-state="with-worker"]`,
+    );
+    await withWorker.waitFor({ timeout: 5_000 });
+    const instanceId = (await withWorker.getAttribute("data-worker-instance")) ?? "";
+    assert.match(instanceId, /^[\w.:@-]+$/, "the worker's instance id");
+    const workerCell = (await withWorker.locator("td.worker").textContent()) ?? "";
+    assert.ok(workerCell.includes(instanceId), workerCell);
+    assert.match(workerCell, /\b127\.\d+\.\d+\.\d+\b/, `the address it called from: ${workerCell}`);
+    assert.match((await withWorker.locator("td.state").textContent()) ?? "", /with worker/);
     await shot("live");
     const res = await answer;
     assert.equal(res.statusCode, 200);
@@ -328,6 +342,13 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
       .locator(`table#inflight tr[data-request-id="${requestId}"]`)
       .waitFor({ state: "detached", timeout: 5_000 });
     assert.equal(new URL(page.url()).pathname, "/console/live", "the row left without a reload");
+    // the same instance id the function's page lists among its instances
+    await page.goto(`${consoleUrl}/functions/${info.demo.slowFunctionId}`);
+    assert.equal(
+      await page.locator(`table#instances tr[data-instance-id="${instanceId}"]`).count(),
+      1,
+      `instance ${instanceId} is one of the slow function's`,
+    );
   });
 
   let neverReady = { id: "", versionId: "" };

@@ -90,6 +90,8 @@ export interface StartApiOptions {
   computeBackend?: "local" | "kubernetes";
   /** Host names served besides IP literals and localhost (global.hosts); unset: any Host. */
   hosts?: string[];
+  /** The console's audit log bounds (api.audit); the API's defaults unless given. */
+  audit?: { maxRows: number; maxAgeDays: number };
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -149,6 +151,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     allowLocalCommand: opts.allowLocalCommand ?? false,
     compute: { backend: opts.computeBackend ?? "local", clusterId: opts.clusterId ?? "test" },
     ...(opts.hosts ? { hosts: opts.hosts } : {}),
+    ...(opts.audit ? { audit: opts.audit } : {}),
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

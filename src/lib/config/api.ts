@@ -21,6 +21,12 @@ export const apiSection = section({
     url: optionalUrl(["postgres", "postgresql"]),
     maxConnections: z.number().int().min(1).max(1000).default(10),
   }),
+  // the console's audit log (table audit_log): pruned past either bound when an action is recorded
+  // and when the API starts
+  audit: section({
+    maxRows: z.number().int().min(1).max(100_000_000).default(100_000),
+    maxAgeDays: z.number().int().min(1).max(36_500).default(365),
+  }),
 });
 
 export const apikeysSection = section({

@@ -127,6 +127,7 @@ runService("api", async (config, logger) => {
     secrets,
     serviceTokens,
     maxBodyBytes: config.api.maxBodyBytes,
+    audit: config.api.audit,
     maxKeyLifetimeDays: config.apikeys.maxLifetimeDays,
     allowLocalCommand: config.compute.local.allowCommand,
     compute: { backend: config.compute.backend, clusterId: config.compute.workerIdentity.clusterId },

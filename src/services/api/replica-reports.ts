@@ -44,8 +44,8 @@ export class ReplicaReports {
 
   /**
    * Every replica that answers within `waitMs` (default 300). When the registry says how many
-   * invocation replicas are live, the wait ends as soon as that many have answered (a replica not
-   * in the registry, with relay off, still answers, but may be missed by then).
+   * invocation replicas are live (every replica registers, relay or not), the wait ends as soon as
+   * that many have answered (a replica not in the registry yet still answers, but may be missed).
    */
   async snapshot(
     opts: { limit?: number; functionId?: string; waitMs?: number } = {},

@@ -9,7 +9,7 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import { createRegistry, type Registry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
 import { ApiAuth } from "./routes/auth.js";
-import type { ApiDeps } from "./routes/deps.js";
+import type { ApiDeps, AuditBounds } from "./routes/deps.js";
 import { addDeploymentRoutes } from "./routes/deployments.js";
 import { addFunctionRoutes } from "./routes/functions.js";
 import { addInfoRoutes } from "./routes/info.js";
@@ -52,6 +52,8 @@ export interface ApiServiceOptions {
   ncaId?: string;
   /** The longest life a new API key may have, in days (apikeys.maxLifetimeDays; 365). */
   maxKeyLifetimeDays?: number;
+  /** The console's audit log bounds (api.audit); 100,000 rows and 365 days unless given. */
+  audit?: AuditBounds;
   /** compute.local.allowCommand; off (the image local/command is refused) unless given. */
   allowLocalCommand?: boolean;
   /**
@@ -100,6 +102,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
     adminIssuer: opts.adminIssuer,
     allowLocalCommand: opts.allowLocalCommand ?? false,
     compute: opts.compute ?? { backend: "local", clusterId: "local" },
+    audit: opts.audit ?? { maxRows: 100_000, maxAgeDays: 365 },
   };
 
   const router = new Router();
@@ -147,6 +150,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
         createdAt: new Date().toISOString(),
       });
       await trust.start();
+      await consolePages.start();
       return http.listen();
     },
     async close(graceMs) {

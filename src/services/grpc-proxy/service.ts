@@ -96,17 +96,18 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       const { connect, workerTls } = await workers.listen();
       const client = await clients.listen();
       state.connectUri = connectUriFor(opts, connect.port);
-      if (opts.relay?.enabled) {
-        state.replicas = new ReplicaRegistry(
-          nc,
-          { holder: holderId, relayUrl: connect.origin },
-          logger,
-          opts.relay.registryTtlMs,
-          REGISTRY_BUCKETS.grpcProxy,
-          opts.queue.replicas,
-        );
-        await state.replicas.start();
-      }
+      // in the registry relay or not (the console's health page lists it); only the relay, when
+      // on, looks holders up in it (state.relay)
+      state.replicas = new ReplicaRegistry(
+        nc,
+        { holder: holderId, relayUrl: connect.origin },
+        logger,
+        opts.relay?.registryTtlMs,
+        REGISTRY_BUCKETS.grpcProxy,
+        opts.queue.replicas,
+      );
+      await state.replicas.start();
+      state.relay = opts.relay?.enabled ?? false;
       started.urls = { client, connect, workerTls };
       logger.info(
         {
@@ -115,7 +116,7 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
           workerTls: workerTls?.origin,
           connectUri: state.connectUri,
           holder: holderHex(holderId),
-          relay: !!state.replicas,
+          relay: state.relay,
         },
         "grpc-proxy listening; workers open tunnels at the connect URI",
       );

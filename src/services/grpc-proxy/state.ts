@@ -8,8 +8,10 @@ import type { Tracing } from "../../lib/tracing/index.js";
 export class ProxyState {
   nc: NatsConnection | undefined;
   publisher: WorkPublisher | undefined;
-  /** The registry of live replicas, when relaying is on (tunnels for another replica go to it). */
+  /** The registry of live replicas (set by listen(), relay or not). */
   replicas: ReplicaRegistry | undefined;
+  /** Whether a tunnel for a session another replica holds is piped there (grpcproxy.relay.enabled). */
+  relay = false;
   /** Where workers open their tunnels: put in every work message (set by listen()). */
   connectUri = "";
   /** A stop is under way: no new calls. */

@@ -74,6 +74,7 @@ export class Tunnels {
     if (!session) {
       const holder = tokenHolder(token);
       if (
+        state.relay &&
         state.replicas &&
         holder !== undefined &&
         !sessions.isOwnToken(token) &&

@@ -50,6 +50,7 @@ async function answerMessage(replica: ReplicaState, m: Msg): Promise<void> {
   }
   replica.tokens.delete(token);
   const p = entry.pending;
+  p.worker = { inbox: m.reply };
   if (p.state === "done" || p.clientRes.destroyed) {
     attaches.inc({ kind: "response", result: "client_gone" });
     throw new CallplaneError(

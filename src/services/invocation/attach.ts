@@ -20,6 +20,7 @@ import {
 import { RELAYED_HEADER } from "../../plane/relay.js";
 import { tokenHolder } from "../../plane/tokens.js";
 import { watchBody } from "./body-watch.js";
+import { callbackContact } from "./worker-seen.js";
 import { purgePollRecord, writePollRecord } from "./poll.js";
 import type { AttachKind, Pending, ReplicaState } from "./state.js";
 import { NVCF_HEADERS } from "../../lib/contract.js";
@@ -127,6 +128,7 @@ async function claim(
     tokens.delete(token);
     const p = entry.pending;
     ctx.span?.identify(p.requestId, p.functionId, p.version.functionVersionId);
+    p.worker = callbackContact(req);
     return p;
   }
   const holder = tokenHolder(token);

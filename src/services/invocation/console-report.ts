@@ -17,10 +17,12 @@ import {
   type InFlightRow,
   type ReplicaReport,
   type RequestLookup,
+  type WorkerSeen,
 } from "../../plane/console-wire.js";
 import { OTHER_FUNCTION } from "../../plane/function-series.js";
 import type { InvocationSeries } from "./metrics.js";
 import type { Pending, ReplicaState } from "./state.js";
+import { describeWorker, heldState, type WorkerContact } from "./worker-seen.js";
 
 /** Answers the console's questions on the replica's NATS connection until it closes. */
 export function listenForConsole(replica: ReplicaState, nc: NatsConnection): Subscription[] {
@@ -88,9 +90,10 @@ export function inflightReport(replica: ReplicaState, q: ConsoleInflightQuery): 
         requestId: p.requestId,
         functionId: p.functionId,
         versionId: p.version.functionVersionId,
-        state: p.state,
+        state: heldState(p),
         ageMs: now - p.started,
         poll: p.poll,
+        ...workerField(p.worker),
       });
   }
   const functions: FunctionStats[] = [];
@@ -131,7 +134,8 @@ export function lookupRequest(replica: ReplicaState, requestId: string): Request
     return {
       requestId,
       holder,
-      state: held.state as "queued" | "responding",
+      state: heldState(held),
+      ...workerField(held.worker),
       functionId: held.functionId,
       versionId: held.version.functionVersionId,
       ageMs: now - held.started,
@@ -149,5 +153,12 @@ export function lookupRequest(replica: ReplicaState, requestId: string): Request
     ...(ended.detail !== undefined ? { detail: ended.detail } : {}),
     durationMs: ended.durationMs,
     endedAt: new Date(ended.endedAt).toISOString(),
+    ...workerField(ended.worker),
   };
+}
+
+/** The row's `worker`, when the replica heard from one (worker-seen.ts). */
+function workerField(c: WorkerContact | undefined): { worker?: WorkerSeen } {
+  const worker = describeWorker(c);
+  return worker ? { worker } : {};
 }

@@ -30,6 +30,7 @@ test("the ring finds the ends it still holds, the newest of one id, and forgets 
     detail: undefined,
     durationMs: 5,
     endedAt: 1000,
+    worker: undefined,
   });
   end(r, "c");
   assert.equal(r.find("a")?.status, 200);

@@ -4,6 +4,7 @@
 // an end is a few writes of values the request already has (its id, its function's ids, the code
 // and message of the error it got), never a new object per request.
 import type { InvocationOutcome } from "./metrics.js";
+import type { WorkerContact } from "./worker-seen.js";
 
 export const ENDED_REQUESTS = 10_000;
 
@@ -18,6 +19,8 @@ export interface EndedRequest {
   detail: string | undefined;
   durationMs: number;
   endedAt: number;
+  /** The worker's last contact about it (the request's own record of it, kept by reference). */
+  worker: WorkerContact | undefined;
 }
 
 export class EndedRequests {
@@ -30,6 +33,7 @@ export class EndedRequests {
   private readonly statuses: Uint16Array;
   private readonly durations: Float64Array;
   private readonly ends: Float64Array;
+  private readonly workers: Array<WorkerContact | undefined>;
   /** The slot the next end is written to. */
   private next = 0;
 
@@ -43,6 +47,7 @@ export class EndedRequests {
     this.statuses = new Uint16Array(capacity);
     this.durations = new Float64Array(capacity);
     this.ends = new Float64Array(capacity);
+    this.workers = new Array<WorkerContact | undefined>(capacity).fill(undefined);
   }
 
   record(
@@ -55,6 +60,7 @@ export class EndedRequests {
     detail: string | undefined,
     durationMs: number,
     endedAt: number,
+    worker?: WorkerContact,
   ): void {
     const i = this.next;
     this.next = i + 1 === this.capacity ? 0 : i + 1;
@@ -67,6 +73,7 @@ export class EndedRequests {
     this.details[i] = detail;
     this.durations[i] = durationMs;
     this.ends[i] = endedAt;
+    this.workers[i] = worker;
   }
 
   /**
@@ -89,6 +96,7 @@ export class EndedRequests {
         detail: this.details[i],
         durationMs: this.durations[i],
         endedAt: this.ends[i],
+        worker: this.workers[i],
       };
     }
     return undefined;

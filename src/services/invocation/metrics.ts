@@ -24,6 +24,7 @@ import { DEFAULT_FUNCTION_SERIES_LIMIT, FunctionSeriesTable } from "../../plane/
 import { RecentWindow } from "../../plane/recent-window.js";
 import type { CallplaneError } from "../../lib/errors.js";
 import { EndedRequests } from "./ended-requests.js";
+import type { WorkerContact } from "./worker-seen.js";
 
 /**
  * answered: the worker's answer reached the client in full (whatever its status: a 202 too);
@@ -56,6 +57,8 @@ export interface Counted {
   version: { functionVersionId: string };
   /** The error the plane answered the client with, when it did (kept for the console's lookup). */
   problem?: CallplaneError | undefined;
+  /** The worker's last contact about it (worker-seen.ts), kept for the console's lookup. */
+  worker?: WorkerContact | undefined;
 }
 
 /** The cells of one function version. */
@@ -214,6 +217,7 @@ export class InvocationMetrics {
       outcome === "client_gone" ? "the client left before its answer was out in full" : problem?.message,
       now - p.started,
       now,
+      p.worker,
     );
   }
 }

@@ -82,9 +82,11 @@ export async function pollStatus(replica: ReplicaState, ctx: RequestContext): Pr
   );
   track(replica, p, windowSeconds);
   try {
-    await replica.nc!.request(subjects.polling(rec.functionVersionId, requestId), data, {
+    const ack = await replica.nc!.request(subjects.polling(rec.functionVersionId, requestId), data, {
       timeout: replica.statusTimeoutMs,
     });
+    // a callplane worker acks with its instance id (worker-seen.ts); the answer may have come first
+    if (ack.data.length > 0 && ack.data.length <= 128) p.worker ??= { named: ack.string() };
   } catch (err) {
     replica.release(p);
     // Nobody listens for this request's polls any more: the worker finished it, gave up on it

@@ -73,18 +73,20 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       const own =
         attachOnClientPort && (!tlsUrl || opts.selfAddress) ? callbackHostName(replica.targetUri) : undefined;
       if (own && !hosts.includes(own)) hosts.push(own);
-      if (opts.relay?.enabled) {
-        replica.replicas = new ReplicaRegistry(
-          nc,
-          { holder: holderId, relayUrl: url.origin },
-          logger,
-          opts.relay.registryTtlMs,
-          REGISTRY_BUCKETS.invocation,
-          opts.queue.replicas,
-        );
-        await replica.replicas.start();
+      // Every replica is in the registry, relay or not: the console counts the replicas it waits
+      // for by it (services/api/replica-reports.ts), and lists them on its health page. Only the
+      // relay looks addresses up in it.
+      replica.replicas = new ReplicaRegistry(
+        nc,
+        { holder: holderId, relayUrl: url.origin },
+        logger,
+        opts.relay?.registryTtlMs,
+        REGISTRY_BUCKETS.invocation,
+        opts.queue.replicas,
+      );
+      await replica.replicas.start();
+      if (opts.relay?.enabled)
         replica.relay = new Relay(replica.replicas, holderId, opts.relay.idleMs ?? 300_000, logger);
-      }
       logger.info(
         {
           targetUri: replica.targetUri,

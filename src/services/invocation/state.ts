@@ -23,6 +23,7 @@ import type { WorkPublisher } from "../../plane/work-queue.js";
 import type { Tracing } from "../../lib/tracing/index.js";
 import { InvocationMetrics, type InvocationOutcome, type InvocationSeries } from "./metrics.js";
 import type { InvocationServiceOptions, PollSettings } from "./options.js";
+import type { WorkerContact } from "./worker-seen.js";
 
 export type PendingState = "queued" | "responding" | "done";
 
@@ -56,6 +57,8 @@ export interface Pending {
   outcome?: InvocationOutcome | undefined;
   /** The error the plane answered the client with (a 504, a 502...), for the console's lookup. */
   problem?: CallplaneError | undefined;
+  /** The worker's last contact about it (a callback, an answer, a poll's ack), for the console. */
+  worker?: WorkerContact | undefined;
 }
 
 /** What the poll bucket keeps of a request that went in progress (202), keyed by its id. */

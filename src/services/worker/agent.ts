@@ -111,7 +111,7 @@ export function createWorkerAgent(
   const secureContext = cfg.proxyCaPem
     ? createSecureContext({ ca: [...rootCertificates, cfg.proxyCaPem] })
     : undefined;
-  const callbacks = new CallbackClient({ lookup, secureContext });
+  const callbacks = new CallbackClient({ lookup, secureContext, instanceId: cfg.instanceId });
   const inflight: InflightWork = new Map();
   const freeSlots: OutputSlot[] = [];
   const state = new AgentState();

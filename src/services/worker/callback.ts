@@ -7,7 +7,7 @@ import { Agent, type Dispatcher } from "undici";
 import { H1_CONTENT_TYPE } from "../../lib/http/index.js";
 import { SOCKET_BUFFER_BYTES } from "../../lib/net/index.js";
 import type { LookupFunction } from "../../lib/net/index.js";
-import { ATTACH_PATH } from "../../lib/contract.js";
+import { ATTACH_PATH, WORKER_INSTANCE_HEADER } from "../../lib/contract.js";
 import { traceCallback, type TraceSpan } from "../../lib/tracing/index.js";
 
 export interface CallbackTarget {
@@ -28,7 +28,16 @@ interface Route {
 export class CallbackClient {
   readonly agent: Agent;
 
-  constructor(opts: { lookup: LookupFunction; secureContext: SecureContext | undefined }) {
+  /** WORKER_INSTANCE_HEADER on every callback, when the worker knows its instance id. */
+  private readonly named: Record<string, string>;
+
+  constructor(opts: {
+    lookup: LookupFunction;
+    secureContext: SecureContext | undefined;
+    /** INSTANCE_ID: the replica shows it in the operator console as the worker that has the request. */
+    instanceId?: string | undefined;
+  }) {
+    this.named = opts.instanceId ? { [WORKER_INSTANCE_HEADER]: opts.instanceId } : {};
     this.agent = new Agent({
       keepAliveTimeout: 30_000,
       connections: 256,
@@ -63,6 +72,7 @@ export class CallbackClient {
     const headers = {
       authorization: `Bearer ${t.token}`,
       accept: "application/octet-stream",
+      ...this.named,
       ...extra.headers,
     };
     const span = trace && traceCallback(trace, "GET", t, headers);
@@ -92,6 +102,7 @@ export class CallbackClient {
       authorization: `Bearer ${t.token}`,
       "content-type": H1_CONTENT_TYPE,
       ...(length !== undefined ? { "content-length": String(length) } : {}),
+      ...this.named,
       ...extra.headers,
     };
     const span = trace && traceCallback(trace, "POST", t, headers);

@@ -270,7 +270,8 @@ export class WorkItem {
         const pollTime = poll.requestTime ? timestampMs(poll.requestTime) : Date.now();
         this.deadline = pollTime + (Number.isFinite(seconds) && seconds > 0 ? seconds : 60) * 1000;
         this.giveUpAt = Infinity;
-        m.respond();
+        // the ack names this instance: the polling replica's console shows which worker has it
+        m.respond(this.deps.cfg.instanceId);
         this.notify();
       },
     });

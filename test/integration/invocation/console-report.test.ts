@@ -28,7 +28,8 @@ const LIMIT = { timeout: 90_000 };
 /**
  * An inference server whose /hold answers only when the test lets it: with ?head=1 it sends its
  * response head and first bytes at once (the request is then "responding" on its replica), else
- * nothing until released (the request stays "queued" there: no worker's answer has begun).
+ * nothing until released (the request stays "queued" there: no worker's answer has begun). With
+ * ?length=1 the answer has a Content-Length (a worker sends such a small answer over NATS).
  */
 function heldInference() {
   const waiting: Array<() => void> = [];
@@ -40,8 +41,9 @@ function heldInference() {
       res.writeHead(200, { "content-type": "text/plain" });
       res.write("first ");
     }
+    const length = url.searchParams.has("length") ? { "content-length": "4" } : {};
     waiting.push(() => {
-      if (!res.headersSent) res.writeHead(200, { "content-type": "text/plain" });
+      if (!res.headersSent) res.writeHead(200, { "content-type": "text/plain", ...length });
       res.end("done");
     });
   };
@@ -286,3 +288,80 @@ test(
     );
   },
 );
+
+test(
+  "with relay off every replica is in the registry (the console's wait ends when all have answered), and each request names the worker that has it",
+  LIMIT,
+  async (t) => {
+    const inference = heldInference();
+    // no relay (startPlane's default): only the registry's use by the relay is off
+    const plane = await startPlane(t, {
+      replicas: 2,
+      inferenceUrl: "/hold",
+      inferenceHandler: inference.handler,
+      workerEnv: { INSTANCE_ID: "console-worker-0" },
+    });
+    const api = await connectNats(plane.nats.access("api"), "api-console-relay-off", silentLogger());
+    t.after(() => api.close());
+    const reports = new ReplicaReports(api, silentLogger());
+    const [h0, h1] = plane.replicas.map((r) => holderHex(r.service.holderId));
+    assert.deepEqual(
+      (await reports.registry())
+        .filter((e) => e.kind === "invocation")
+        .map((e) => e.holder)
+        .sort(),
+      [h0, h1].sort(),
+      "both replicas registered with relay off",
+    );
+    // a wait of 5 s ends as soon as both registered replicas answered (the pages wait 300 ms)
+    const started = performance.now();
+    const all = await reports.snapshot({ waitMs: 5000 });
+    const took = performance.now() - started;
+    assert.deepEqual(all.map((r) => r.holder).sort(), [h0, h1].sort());
+    assert.ok(took < 2500, `the snapshot took ${Math.round(took)} ms of its 5000 ms wait`);
+
+    // one request whose body fits in the work message: the worker runs it without calling back
+    const small = invoke(`${plane.invokeUrl(0)}?length=1`, plane.fn.apiKey, 60);
+    await waitFor("the small request at the inference server", () => inference.held() === 1 || undefined);
+    // one whose body does not (past the 32 KiB inline part): the worker fetches the rest first
+    const large = fetch(plane.invokeUrl(0), {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${plane.fn.apiKey}`,
+        "content-type": "application/json",
+        "nvcf-poll-seconds": "60",
+      },
+      body: JSON.stringify({ pad: "x".repeat(64 * 1024) }),
+    });
+    await waitFor("the large request at the inference server", () => inference.held() === 2 || undefined);
+    const rows = ofHolder(await reports.snapshot(), h0).requests;
+    assert.equal(rows.length, 2, JSON.stringify(rows));
+    const [smallRow, largeRow] = rows;
+    assert.equal(smallRow.state, "queued", "no worker has called back for it");
+    assert.equal(smallRow.worker, undefined);
+    assert.equal(largeRow.state, "with-worker", "its worker fetched the rest of the body");
+    assert.deepEqual(largeRow.worker, { instanceId: "console-worker-0", address: "127.0.0.1" });
+    const looked = await reports.lookup(largeRow.requestId);
+    assert.equal(looked?.state, "with-worker");
+    assert.deepEqual(looked.worker, largeRow.worker);
+
+    inference.release();
+    assert.equal(await (await small).text(), "done");
+    assert.equal(await (await large).text(), "done");
+    // ended: the lookup still names the worker that answered; the small answer came over NATS,
+    // where the worker's inbox names its instance (no address: it did not call back over HTTP)
+    const answered = async (id: string) =>
+      waitFor(`${id} answered`, async () => {
+        const l = await reports.lookup(id);
+        return l?.state === "answered" ? l : undefined;
+      });
+    assert.deepEqual((await answered(smallRow.requestId)).worker, { instanceId: "console-worker-0" });
+    assert.equal((await answered(largeRow.requestId)).worker?.instanceId, "console-worker-0");
+  },
+);
+
+function ofHolder(all: ReplicaReport[], holder: string): ReplicaReport {
+  const r = all.find((x) => x.holder === holder);
+  assert.ok(r, `replica ${holder} answered: ${JSON.stringify(all.map((x) => x.holder))}`);
+  return r;
+}

@@ -174,7 +174,7 @@ test("a SQLite file made before the runner is migrated forward: nothing re-creat
   const db = new Database(file);
   assert.deepEqual(
     migrateSqlite(db),
-    { ran: [4, 5, 6, 7], adopted: [2, 3] },
+    { ran: [4, 5, 6, 7, 8], adopted: [2, 3] },
     "the store's version 1 was recorded already",
   );
   assert.deepEqual(
@@ -183,7 +183,7 @@ test("a SQLite file made before the runner is migrated forward: nothing re-creat
   );
   assert.deepEqual(migrateSqlite(db), { ran: [], adopted: [] });
   const fresh = new Database(":memory:");
-  assert.deepEqual(migrateSqlite(fresh), { ran: [1, 2, 3, 4, 5, 6, 7], adopted: [] });
+  assert.deepEqual(migrateSqlite(fresh), { ran: [1, 2, 3, 4, 5, 6, 7, 8], adopted: [] });
   assert.deepEqual(sqliteSchema(db), sqliteSchema(fresh), "the same schema as a new database");
   fresh.close();
   db.close();
@@ -204,7 +204,7 @@ test("a SQLite file from before the secret storage and the identities gets their
     .prepare("INSERT INTO schema_migrations (version, name, applied_at) VALUES (1, ?, ?)")
     .run(STORE_V1_NAME, AT);
   for (const [sql, params] of OLD_ROWS.slice(0, 3)) old.prepare(sql).run(...params);
-  assert.deepEqual(migrateSqlite(old), { ran: [2, 3, 4, 5, 6, 7], adopted: [] });
+  assert.deepEqual(migrateSqlite(old), { ran: [2, 3, 4, 5, 6, 7, 8], adopted: [] });
   for (const [sql, params] of OLD_ROWS.slice(3)) old.prepare(sql).run(...params);
   old.close();
 
@@ -255,7 +255,7 @@ test("a PostgreSQL database made before the runner is migrated forward: nothing 
   // as the store's own pool does: an idle connection the server ends at teardown is no test failure
   pool.on("error", () => undefined);
   t.after(() => pool.end());
-  assert.deepEqual(await migratePostgres(pool), { ran: [4, 5, 6, 7], adopted: [2, 3] });
+  assert.deepEqual(await migratePostgres(pool), { ran: [4, 5, 6, 7, 8], adopted: [2, 3] });
   assert.deepEqual(
     (
       await pool.query({
@@ -269,7 +269,7 @@ test("a PostgreSQL database made before the runner is migrated forward: nothing 
   const freshPool = new pg.Pool({ connectionString: await database("fresh"), max: 2 });
   freshPool.on("error", () => undefined);
   t.after(() => freshPool.end());
-  assert.deepEqual(await migratePostgres(freshPool), { ran: [1, 2, 3, 4, 5, 6, 7], adopted: [] });
+  assert.deepEqual(await migratePostgres(freshPool), { ran: [1, 2, 3, 4, 5, 6, 7, 8], adopted: [] });
   assert.deepEqual(
     await postgresSchema(pool),
     await postgresSchema(freshPool),

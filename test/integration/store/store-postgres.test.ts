@@ -275,7 +275,8 @@ for (const [kind, open] of stores) {
       await s.appendAudit({
         id: randomUUID(),
         at,
-        actor: "admin",
+        subject: "ops@example.com",
+        tokenId: i === 0 ? undefined : `jti-${i}`,
         action,
         target: `t-${i}`,
         detail: { n: i, nested: { ok: true } },
@@ -291,6 +292,41 @@ for (const [kind, open] of stores) {
       (await s.listAudit({ limit: 1, offset: 1 })).map((e) => e.target),
       ["t-1"],
     );
+    assert.deepEqual(
+      all.map((e) => [e.subject, e.tokenId]),
+      [
+        ["ops@example.com", "jti-2"],
+        ["ops@example.com", "jti-1"],
+        ["ops@example.com", undefined],
+      ],
+      "who: the token's subject, and its id when it has one",
+    );
+  });
+
+  test(`store (${kind}): the audit log is pruned past its age, then past its row count`, async (t) => {
+    const s = await open(t);
+    const day = 86_400_000;
+    const now = Date.parse("2030-06-01T00:00:00.000Z");
+    // five actions a day apart, the oldest first
+    for (let i = 0; i < 5; i++)
+      await s.appendAudit({
+        id: randomUUID(),
+        at: new Date(now - (4 - i) * day).toISOString(),
+        subject: "ops",
+        tokenId: undefined,
+        action: "scale",
+        target: `t-${i}`,
+        detail: {},
+      });
+    const targets = async () => (await s.listAudit({ limit: 10, offset: 0 })).map((e) => e.target);
+    assert.equal(await s.pruneAudit({ keepRows: 10, before: new Date(now - 10 * day).toISOString() }), 0);
+    assert.deepEqual(await targets(), ["t-4", "t-3", "t-2", "t-1", "t-0"], "nothing past either bound");
+    // older than 3 days: t-0 (4 days old) goes
+    assert.equal(await s.pruneAudit({ keepRows: 10, before: new Date(now - 3.5 * day).toISOString() }), 1);
+    assert.deepEqual(await targets(), ["t-4", "t-3", "t-2", "t-1"]);
+    // the newest 2 are kept
+    assert.equal(await s.pruneAudit({ keepRows: 2, before: new Date(now - 10 * day).toISOString() }), 2);
+    assert.deepEqual(await targets(), ["t-4", "t-3"]);
   });
 }
 

@@ -10,6 +10,7 @@ import { deploymentSchema, parseBody } from "../schemas.js";
 import type { AuditAction, AuditRecord } from "../store/types.js";
 import { actorOf, type ConsoleAdmin } from "./auth.js";
 import type { ConsoleDeps } from "./context.js";
+import { recordAudit } from "./audit.js";
 import { loadFunction } from "./functions.js";
 import { html, type Html } from "./html.js";
 
@@ -203,12 +204,16 @@ export async function applyAction(
   const entry: AuditRecord = {
     id: randomUUID(),
     at: new Date().toISOString(),
-    actor: actorOf(admin),
+    subject: admin.subject,
+    tokenId: admin.tokenId || undefined,
     action,
     target: done.target,
-    detail: { ...done.detail, tokenId: admin.tokenId },
+    detail: done.detail,
   };
-  await c.api.store.appendAudit(entry);
-  c.api.logger.info({ action, target: entry.target, actor: entry.actor }, "console action");
+  await recordAudit(c.api, entry);
+  c.api.logger.info(
+    { action, target: entry.target, subject: entry.subject, tokenId: entry.tokenId },
+    "console action",
+  );
   return `/console/functions/${p.functionId}`;
 }

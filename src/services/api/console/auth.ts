@@ -63,7 +63,7 @@ export async function consoleAdmin(auth: ApiAuth, req: IncomingMessage): Promise
   return adminOfToken(auth, t.token);
 }
 
-/** Who did it, for the audit log: the token's subject, else its id. */
+/** Who did it, in words (a revoke's reason): the token's subject, else its id. */
 export const actorOf = (p: ConsoleAdmin): string => p.subject || `token ${p.tokenId}`;
 
 /** Whether the request arrived over TLS (the cookie is then Secure). */

@@ -100,7 +100,8 @@ async function replicaRows(c: ConsoleDeps): Promise<Row[]> {
           },
     );
   }
-  // a replica registers only while relay is on; one that answers without registering is up too
+  // every replica registers (relay or not); one that answers but is not in the registry (yet, or an
+  // older replica that registered only with relay on) is up too
   for (const r of snapshot)
     if (!invocation.some((e) => e.holder === r.holder))
       rows.push({
@@ -108,7 +109,7 @@ async function replicaRows(c: ConsoleDeps): Promise<Row[]> {
         id: r.holder,
         state: "up",
         version: r.version,
-        where: "not in the registry (relay off)",
+        where: "not in the registry",
         detail: `${r.inFlight} requests held; started ${r.startedAt}`,
       });
   if (rows.length === 0)
@@ -126,7 +127,7 @@ async function replicaRows(c: ConsoleDeps): Promise<Row[]> {
     rows.push({
       component: "grpc-proxy",
       state: "unknown",
-      detail: "none in the registry (a grpc-proxy replica registers only while relay is on)",
+      detail: "none in the registry (no grpc-proxy replica runs, or none could reach NATS)",
     });
   return rows;
 }

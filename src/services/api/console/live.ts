@@ -3,6 +3,7 @@
 import { CallplaneError } from "../../../lib/errors.js";
 import { formatAge, type ConsoleDeps } from "./context.js";
 import { html, type Html } from "./html.js";
+import type { WorkerSeen } from "../../../plane/console-wire.js";
 
 /** Rows shown at most (the oldest first, as the replicas report them). */
 export const LIVE_LIMIT = 200;
@@ -12,7 +13,7 @@ export async function inflightRows(c: ConsoleDeps): Promise<Html> {
   const reports = c.reports();
   if (!reports)
     return html`<tr>
-      <td colspan="6" class="muted">
+      <td colspan="7" class="muted">
         Replica reports travel over NATS, which this API is not configured with.
       </td>
     </tr>`;
@@ -27,18 +28,23 @@ export async function inflightRows(c: ConsoleDeps): Promise<Html> {
     .slice(0, LIVE_LIMIT);
   if (rows.length === 0)
     return html`<tr>
-      <td colspan="6" class="muted">
+      <td colspan="7" class="muted">
         No request in flight on the ${snapshot.length} replicas that answered.
       </td>
     </tr>`;
   return html`${rows.map(
     (q) =>
-      html`<tr data-request-id="${q.requestId}" data-state="${q.state}">
+      html`<tr
+        data-request-id="${q.requestId}"
+        data-state="${q.state}"
+        ${q.worker?.instanceId ? html` data-worker-instance="${q.worker.instanceId}"` : ""}
+      >
         <td><a class="id" href="/console/requests/${q.requestId}">${q.requestId}</a></td>
         <td>${names.get(q.functionId) ?? q.functionId}</td>
         <td><span class="id">${q.versionId}</span></td>
         <td><span class="id">${q.holder}</span></td>
-        <td class="state">${q.state}${q.poll ? " (polled)" : ""}</td>
+        <td class="state">${stateText(q.state)}${q.poll ? " (polled)" : ""}</td>
+        <td class="worker">${workerCell(q.worker)}</td>
         <td class="num">${formatAge(q.ageMs)}</td>
       </tr>`,
   )}`;
@@ -57,9 +63,11 @@ export async function liveBody(c: ConsoleDeps): Promise<Html> {
   return html`${lookupForm()}
     <p class="muted" aria-live="polite">
       <span id="live-status">as of page load</span>: requests held by the invocation replicas, oldest first
-      (at most ${LIVE_LIMIT}). <em>queued</em>: in the work queue or with a worker (a replica hears from a
-      worker only when it answers, or asks for the rest of a large body); <em>responding</em>: the answer is
-      on its way to the client.
+      (at most ${LIVE_LIMIT}). <em>queued</em>: no worker has called back yet (it waits in the work queue, or
+      a worker runs it without needing the replica: its body fit in the work message); <em>with worker</em>: a
+      worker called back (it fetched the rest of a large body, or took a status poll) and has not begun its
+      answer; <em>responding</em>: the answer is on its way to the client. The worker is the one that called
+      back: its instance id, and the address it called from.
     </p>
     <div class="table-wrap">
       <table id="inflight">
@@ -70,6 +78,7 @@ export async function liveBody(c: ConsoleDeps): Promise<Html> {
             <th scope="col">Version</th>
             <th scope="col">Replica</th>
             <th scope="col">State</th>
+            <th scope="col">Worker</th>
             <th scope="col" class="num">Age</th>
           </tr>
         </thead>
@@ -104,7 +113,13 @@ export async function requestBody(c: ConsoleDeps, requestId: string): Promise<Ht
       <dt>Request id</dt>
       <dd><span class="id">${requestId}</span></dd>
       <dt>State</dt>
-      <dd id="request-state" class="state">${state}</dd>
+      <dd id="request-state" class="state">${stateText(state)}</dd>
+      ${
+        r?.worker
+          ? html`<dt>Worker</dt>
+              <dd id="request-worker">${workerCell(r.worker)}</dd>`
+          : ""
+      }
       ${
         r?.holder
           ? html`<dt>Replica</dt>
@@ -164,4 +179,19 @@ export async function requestBody(c: ConsoleDeps, requestId: string): Promise<Ht
             </p>`
           : ""
     }`;
+}
+
+// ---- which worker has a request (the replicas' WorkerSeen, plane/console-wire.ts)
+
+/** A state as the pages say it (the wire's `with-worker` reads "with worker"). */
+function stateText(state: string): string {
+  return state === "with-worker" ? "with worker" : state;
+}
+
+/** The worker cell: its instance id, and the address it called back from; empty before it did. */
+function workerCell(w: WorkerSeen | undefined): Html {
+  if (!w) return html``;
+  return html`${w.instanceId ? html`<span class="id">${w.instanceId}</span>` : ""}${
+    w.instanceId && w.address ? " " : ""
+  }${w.address ? html`<span class="muted">${w.address}</span>` : ""}`;
 }

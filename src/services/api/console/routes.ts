@@ -9,7 +9,7 @@ import type { RequestContext, Router } from "../../../lib/http/index.js";
 import type { ApiDeps } from "../routes/deps.js";
 import { applyAction, confirmBody, isAction, plan, readForm } from "./actions.js";
 import { ASSETS, ASSET_PATHS } from "./assets.js";
-import { auditBody } from "./audit.js";
+import { auditBody, pruneAudit } from "./audit.js";
 import {
   adminOfToken,
   clearedCookie,
@@ -42,6 +42,8 @@ export interface ConsoleOptions {
 export interface ConsoleRoutes {
   /** The live stream's hub (tests read how often it polled). */
   readonly live: LiveHub;
+  /** Prunes the audit log to its bounds once (the API's listen(); each action prunes after it too). */
+  start(): Promise<void>;
   /** Ends every live stream: call before the HTTP service drains, or they would hold it open. */
   close(): void;
 }
@@ -287,7 +289,7 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
     res.end(a.body);
   });
 
-  return { live, close: () => live.close() };
+  return { live, start: () => pruneAudit(deps).then(() => undefined), close: () => live.close() };
 }
 
 const ERROR_TITLE = "Refused";

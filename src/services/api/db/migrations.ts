@@ -246,4 +246,16 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX audit_log_by_time ON audit_log(at);
     `,
   },
+  {
+    version: 8,
+    part: "store",
+    name: "the audit log's who: the admin token's subject and id",
+    // actor held the token's subject (or "token <id>" for a token without one); it is named for what
+    // it holds, and the token's id (jti) gets a column of its own. Rows written before keep the id
+    // in detail.tokenId only (reading it out of JSON differs by dialect; detail still shows it).
+    sql: () => `
+      ALTER TABLE audit_log RENAME COLUMN actor TO subject;
+      ALTER TABLE audit_log ADD COLUMN token_id TEXT;
+    `,
+  },
 ];

@@ -30,6 +30,14 @@ export interface ApiDeps {
   allowLocalCommand: boolean;
   /** compute.backend and the cluster the local backend's built-in instance type belongs to. */
   compute: ComputeSettings;
+  /** The console's audit log bounds (api.audit). */
+  audit: AuditBounds;
+}
+
+/** How much of the audit log is kept: the newest maxRows, none older than maxAgeDays. */
+export interface AuditBounds {
+  maxRows: number;
+  maxAgeDays: number;
 }
 
 /** The secret store, or UNAVAILABLE (503) when this API runs without one. */

@@ -393,6 +393,14 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
         ])
       ).map(auditFromRow);
     },
+    async pruneAudit({ keepRows, before }) {
+      const old = await q("DELETE FROM audit_log WHERE at < ?", [before]);
+      const over = await q(
+        "DELETE FROM audit_log WHERE seq IN (SELECT seq FROM audit_log ORDER BY at DESC, seq DESC OFFSET ?)",
+        [keepRows],
+      );
+      return (old.rowCount ?? 0) + (over.rowCount ?? 0);
+    },
     async close() {
       await pool.end();
     },

@@ -201,7 +201,8 @@ export const accountFromRow = (r: AccountRow): AccountRecord => ({
 export interface AuditRow {
   id: string;
   at: string;
-  actor: string;
+  subject: string;
+  token_id: string | null;
   action: string;
   target: string;
   detail: string;
@@ -209,17 +210,19 @@ export interface AuditRow {
 export const auditFromRow = (r: AuditRow): AuditRecord => ({
   id: r.id,
   at: r.at,
-  actor: r.actor,
+  subject: r.subject,
+  tokenId: r.token_id ?? undefined,
   action: r.action as AuditRecord["action"],
   target: r.target,
   detail: JSON.parse(r.detail) as Record<string, unknown>,
 });
 export const AUDIT_INSERT =
-  "INSERT INTO audit_log (id, at, actor, action, target, detail) VALUES (?, ?, ?, ?, ?, ?)";
+  "INSERT INTO audit_log (id, at, subject, token_id, action, target, detail) VALUES (?, ?, ?, ?, ?, ?, ?)";
 export const auditParams = (e: AuditRecord): unknown[] => [
   e.id,
   e.at,
-  e.actor,
+  e.subject,
+  e.tokenId ?? null,
   e.action,
   e.target,
   JSON.stringify(e.detail),

@@ -328,6 +328,15 @@ export function openSqliteStore(path: string): Store & { db: Database.Database }
           .all(limit, offset) as AuditRow[]
       ).map(auditFromRow);
     },
+    async pruneAudit({ keepRows, before }) {
+      const old = db.prepare("DELETE FROM audit_log WHERE at < ?").run(before).changes;
+      const over = db
+        .prepare(
+          "DELETE FROM audit_log WHERE rowid IN (SELECT rowid FROM audit_log ORDER BY at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+        )
+        .run(keepRows).changes;
+      return Number(old) + Number(over);
+    },
     async close() {
       db.close();
     },

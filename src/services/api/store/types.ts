@@ -172,8 +172,10 @@ export type AuditAction = (typeof AUDIT_ACTIONS)[number];
 export interface AuditRecord {
   id: string;
   at: string;
-  /** Who: the admin token's subject, else its id. */
-  actor: string;
+  /** Who: the admin token's subject (`sub`). */
+  subject: string;
+  /** The admin token's id (`jti`), when it has one: revoke it by this id. */
+  tokenId: string | undefined;
   action: AuditAction;
   /** What it acted on: a deployment (functionId/versionId) or an instance id. */
   target: string;
@@ -266,6 +268,11 @@ export interface Store {
   appendAudit(e: AuditRecord): Promise<void>;
   /** The audit log, newest first: `limit` entries after skipping `offset`. */
   listAudit(opts: { limit: number; offset: number }): Promise<AuditRecord[]>;
+  /**
+   * Bounds the audit log: removes the rows older than `before` (an ISO time), then all but the
+   * newest `keepRows`. Returns how many went.
+   */
+  pruneAudit(opts: { keepRows: number; before: string }): Promise<number>;
 
   close(): Promise<void>;
 }
