@@ -97,9 +97,9 @@ export class ReplicaReports {
   }
 
   /**
-   * Recent log lines of every service that keeps them (invocation and grpc-proxy replicas, the
-   * callback proxy), filtered by the query, from those that answer within `waitMs` (default 300):
-   * the callback proxies are in no registry, so the whole wait is spent.
+   * Recent log lines of every service that keeps them (invocation and grpc-proxy replicas),
+   * filtered by the query, from those that answer within `waitMs` (default 300). The whole wait is
+   * spent: a grpc-proxy replica is in its registry only while relay is on, so no count is known.
    */
   async logs(query: ConsoleLogsQuery, waitMs = 300): Promise<LogsReply[]> {
     if (!natsConnected(this.nc)) return [];

@@ -87,7 +87,7 @@ void test(
       assert.equal(p.status, 200, p.text);
       assert.match(p.text, /<a href="\/console\/logs"\s+aria-current="page">Logs<\/a>/);
       assert.match(p.text, /<form id="log-filter" method="get" action="\/console\/logs"/);
-      assert.match(p.text, /<input id="log-request-id" name="requestId"/);
+      assert.match(p.text, /<input\s+id="log-request-id"\s+name="requestId"/);
       assert.match(p.text, /<input\s+id="log-function-id"\s+name="functionId"/);
       assert.match(p.text, /<script src="\/console\/assets\/logs.js" defer><\/script>/);
       const rows = logRows(p.text);
@@ -106,7 +106,7 @@ void test(
       assert.equal(p.status, 200, p.text);
       assert.match(
         p.text,
-        new RegExp(`<input id="log-request-id" name="requestId" type="search" value="${a}"`),
+        new RegExp(`<input\\s+id="log-request-id"\\s+name="requestId"\\s+type="search"\\s+value="${a}"`),
       );
       const rows = logRows(p.text);
       assert.ok(rows.length >= 1, p.text);

@@ -1,5 +1,5 @@
 // The logs page: the recent log lines of every service that keeps them (the invocation and
-// grpc-proxy replicas, the callback proxy's access log), asked over NATS (callplane.console.logs,
+// grpc-proxy replicas; not yet the callback proxy, whose keeper has no NATS connection), asked over NATS (callplane.console.logs,
 // plane/console-logs.ts), filtered by request id and/or function id, merged by time, newest first.
 // Live updates are server-sent events from one shared poll per filter (live-hub.ts): clients that
 // watch the same filter share one poll, and at most LOG_STREAMS filters are watched at once.
@@ -186,13 +186,14 @@ export async function logsBody(c: ConsoleDeps, f: LogFilter): Promise<Html> {
       /></label>
       <button type="submit">Filter</button>
       ${f.requestId || f.functionId ? html`<a href="/console/logs">Clear</a>` : ""}
+      <button id="logs-pause" type="button" aria-pressed="false" aria-controls="logs">Pause</button>
     </form>
     <p class="muted" aria-live="polite">
       <span id="logs-status">as of page load</span>: the newest ${LOGS_LIMIT} lines of the invocation and
-      grpc-proxy replicas and the callback proxy's access log, newest first. Each service keeps its last
-      ${RECENT_LOG_LINES} lines at its log level; a filter finds the lines that name the request or the
-      function (the proxy's access-log lines name neither: they show without a filter).
-      <button id="logs-pause" type="button" aria-pressed="false">Pause</button>
+      grpc-proxy replicas, newest first. Each service keeps its last
+      ${RECENT_LOG_LINES.toLocaleString("en-US")} lines at its log level; a filter finds the lines that name
+      the request or the function (a request that went well leaves no line at level info). The callback
+      proxy's access log is not here yet.
     </p>
     <div class="table-wrap">
       <table id="logs" data-events="/console/logs/events${filterQuery(f)}">
