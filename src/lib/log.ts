@@ -1,4 +1,5 @@
 import { pino, type Logger, type LevelWithSilent } from "pino";
+import { LogRing } from "./log-ring.js";
 
 export type { Logger };
 
@@ -10,6 +11,16 @@ export interface LogOptions {
   sync?: boolean;
   /** Fields added to each line from the line's own (the trace id of a request that has a span). */
   mixin?: (obj: object) => object;
+  /** How many recent lines are kept for the operator console (log-ring.ts); 0 keeps none. */
+  recentLines?: number;
+}
+
+/** Each logger's ring of recent lines, by its destination (which its child loggers share). */
+const rings = new WeakMap<object, LogRing>();
+
+/** The recent lines of a logger made by createLogger (or one of its children); none for others. */
+export function recentLogLines(logger: Logger): LogRing | undefined {
+  return rings.get((logger as unknown as Record<symbol, object>)[pino.symbols.streamSym]);
 }
 
 /** Lines are written in batches of up to this many bytes, and at most FLUSH_MS after they were logged. */
@@ -38,16 +49,21 @@ export function createLogger(service: string, opts: LogOptions = {}): Logger {
     }, FLUSH_MS);
     timer.unref();
   }
-  return pino(
+  const ring = opts.recentLines === 0 ? undefined : new LogRing(opts.recentLines);
+  const logger = pino(
     {
       level: opts.level ?? (process.env.CALLPLANE_LOG_LEVEL as LevelWithSilent | undefined) ?? "info",
       base: { service, pid: process.pid },
       timestamp: pino.stdTimeFunctions.isoTime,
       formatters: { level: (label) => ({ level: label }) },
       ...(opts.mixin ? { mixin: opts.mixin } : {}),
+      // the line as pino made it, stored as it goes out: the ring's only cost per line
+      ...(ring ? { hooks: { streamWrite: (s: string) => (ring.push(s), s) } } : {}),
     },
     dest,
   );
+  if (ring) rings.set(dest, ring);
+  return logger;
 }
 
 /** A logger that drops everything, for tests that do not look at logs. */

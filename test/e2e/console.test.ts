@@ -352,6 +352,7 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
   });
 
   let neverReady = { id: "", versionId: "" };
+  let failedRequestId = "";
   await t.test("a failed request is found by its id, with its status, code and detail", async () => {
     // a function whose instance never passes its health check: no worker takes its requests
     const created = JSON.parse(
@@ -385,6 +386,7 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
     assert.equal(res.statusCode, 504);
     assert.equal(problem.code, "INVOCATION_TIMEOUT");
     const requestId = String(res.headers["nvcf-reqid"]);
+    failedRequestId = requestId;
     // typed into the live page's lookup form
     await page.goto(`${consoleUrl}/live`);
     const input = page.locator("form#lookup input[name=id]");
@@ -510,6 +512,49 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
     };
     assert.equal(d.deployment.deploymentSpecifications[0].minInstances, 2);
   });
+
+  await t.test(
+    "the logs page finds the failed request's lines by its id, live, and refuses a bad id",
+    async () => {
+      assert.ok(failedRequestId, "the failed request's test ran");
+      await page.goto(`${consoleUrl}/logs`);
+      assert.equal(await page.locator('nav a[href="/console/logs"][aria-current="page"]').count(), 1);
+      // typed into the filter form, submitted from the keyboard
+      await page.locator("#log-request-id").focus();
+      await page.keyboard.insertText(failedRequestId.toUpperCase());
+      await page.keyboard.press("Enter");
+      await page.waitForURL(/\/console\/logs\?requestId=/);
+      assert.equal(await page.inputValue("#log-request-id"), failedRequestId);
+      const rows = page.locator("#logs tbody tr[data-level]");
+      assert.ok((await rows.count()) >= 1, await text(page, "#logs"));
+      const cells: string[][] = [];
+      for (let i = 0; i < (await rows.count()); i++)
+        cells.push((await rows.nth(i).locator("td").allTextContents()).map((c) => c.trim()));
+      for (const c of cells)
+        assert.equal(c[5], failedRequestId, `a row of another request: ${c.join(" | ")}`);
+      const line = cells.find((c) => c[4] === "no worker answered within the window");
+      assert.ok(line, cells.map((c) => c.join(" | ")).join("\n"));
+      assert.equal(line[1], "invocation");
+      assert.ok(holders.includes(line[2]), `replica ${line[2]} is one of ${holders.join(", ")}`);
+      assert.match(line[6], new RegExp(`functionId=${neverReady.id}`));
+      // the live stream replaces the rows; Pause holds them still
+      await page.locator("#logs-status", { hasText: /^updated/ }).waitFor();
+      assert.ok((await rows.count()) >= 1, "the live update kept the request's rows");
+      await page.locator("#logs-pause").focus();
+      await page.keyboard.press("Enter");
+      assert.equal((await text(page, "#logs-status")).trim(), "paused");
+      assert.equal(await page.getAttribute("#logs-pause", "aria-pressed"), "true");
+      await shot("logs");
+      const bad = await page.goto(`${consoleUrl}/logs?requestId=nope`);
+      assert.equal(bad?.status(), 400);
+      assert.equal(
+        await page.getAttribute("#error", "data-code"),
+        "VALIDATION_FAILED",
+        await shownError(page),
+      );
+      assert.match(await text(page, "#error"), /requestId: "nope" is not a UUID/);
+    },
+  );
 
   await t.test("at a phone's width (390x844) a page fits the screen", async () => {
     await page.setViewportSize({ width: 390, height: 844 });

@@ -154,6 +154,7 @@ export const SERVICE_ROLES = {
             subjects.answerFilter,
             subjects.consoleInflight,
             subjects.consoleRequestFilter,
+            subjects.consoleLogs,
           ],
         },
         allowResponses: true,
@@ -162,17 +163,23 @@ export const SERVICE_ROLES = {
   },
   /**
    * gRPC proxy replicas: the same publishing side, their own registry (not the invocation
-   * replicas'), and the session reconnect requests to workers (stateful_session.reconnect).
+   * replicas'), and the session reconnect requests to workers (stateful_session.reconnect); the
+   * console's logs question (and a reply to it).
    */
   "grpc-proxy": {
     account: NATS_ACCOUNTS.app,
     permissions: ({ region }) => {
       const registry = kv(REGISTRY_BUCKETS.grpcProxy);
-      return publisher("grpc-proxy", region, [
+      const grant = publisher("grpc-proxy", region, [
         ...registry.api,
         registry.write,
         "stateful_session.reconnect.*.*",
       ]);
+      return {
+        ...grant,
+        subscribe: { allow: [...grant.subscribe.allow, subjects.consoleLogs] },
+        allowResponses: true,
+      };
     },
   },
   /** The auth callout: receives the server's authorization requests and answers them. */

@@ -26,6 +26,9 @@ export const subjects = {
   consoleRequest: (holderHex: string) => `callplane.console.request.${holderHex}`,
   consoleRequestFilter: "callplane.console.request.*",
   consoleAll: "callplane.console.>",
+  // callplane: the console's Logs page: every service that keeps recent log lines answers with
+  // those that match (plane/console-logs.ts)
+  consoleLogs: "callplane.console.logs",
 } as const;
 /** The registries of live replicas, one per kind: each kind alone may write its own. */
 export const REGISTRY_BUCKETS = {

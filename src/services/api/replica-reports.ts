@@ -1,12 +1,13 @@
 // The operator console's view of the replicas, asked over the API's NATS connection (APP): what
 // every invocation replica holds now (callplane.console.inflight, one reply per replica), how one
-// request went (callplane.console.request.<holder>: the replica its id names), and which replicas
-// are live (the registry buckets, read directly). The replicas' side is
+// request went (callplane.console.request.<holder>: the replica its id names), every service's
+// recent log lines (callplane.console.logs, plane/console-logs.ts), and which replicas are live (the registry buckets, read directly). The replicas' side is
 // services/invocation/console-report.ts; the shapes are plane/console-wire.ts.
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { holderHex, holderOf } from "../../lib/ids.js";
 import type { Logger } from "../../lib/log.js";
 import { natsConnected, REGISTRY_BUCKETS, subjects } from "../../lib/nats/index.js";
+import type { ConsoleLogsQuery, LogsReply } from "../../plane/console-logs.js";
 import type { ConsoleInflightQuery, ReplicaReport, RequestLookup } from "../../plane/console-wire.js";
 
 export type {
@@ -16,6 +17,7 @@ export type {
   ReplicaReport,
   RequestLookup,
 } from "../../plane/console-wire.js";
+export type { ConsoleLogsQuery, LogsReply } from "../../plane/console-logs.js";
 
 export interface RegistryEntry {
   kind: "invocation" | "grpc-proxy";
@@ -92,6 +94,29 @@ export class ReplicaReports {
         );
       return undefined;
     }
+  }
+
+  /**
+   * Recent log lines of every service that keeps them (invocation and grpc-proxy replicas),
+   * filtered by the query, from those that answer within `waitMs` (default 300). The whole wait is
+   * spent: a grpc-proxy replica is in its registry only while relay is on, so no count is known.
+   */
+  async logs(query: ConsoleLogsQuery, waitMs = 300): Promise<LogsReply[]> {
+    if (!natsConnected(this.nc)) return [];
+    const replies: LogsReply[] = [];
+    try {
+      const answers = await this.nc.requestMany(subjects.consoleLogs, JSON.stringify(query), {
+        maxWait: waitMs,
+        strategy: "timer",
+      });
+      for await (const m of answers) {
+        const r = parse<LogsReply>(m);
+        if (r?.kind === "logs" && Array.isArray(r.lines)) replies.push(r);
+      }
+    } catch (err) {
+      if (!isNoResponders(err)) throw err;
+    }
+    return replies;
   }
 
   /** The live replicas by the registry buckets (invocation and grpc-proxy); a missing bucket has none. */

@@ -23,6 +23,7 @@ import { holderHex, newHolderId } from "../../lib/ids.js";
 import { silentLogger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { connectNats, REGISTRY_BUCKETS, Replies } from "../../lib/nats/index.js";
+import { answerOwnLogs } from "../../plane/console-logs.js";
 import { createAuthCache } from "../../plane/auth-cache.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
@@ -85,6 +86,8 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
     async listen(): Promise<URL> {
       const nc = await connectNats(opts.nats, `grpc-proxy-${holderHex(holderId)}`, logger, registry);
       state.nc = nc;
+      // the console's Logs page (ended with the connection's drain)
+      answerOwnLogs(nc, { service: "grpc-proxy", replica: holderHex(holderId) }, logger);
       state.publisher = new WorkPublisher(
         nc,
         opts.region,

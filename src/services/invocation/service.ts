@@ -9,6 +9,7 @@
 import { holderHex } from "../../lib/ids.js";
 import type { Registry } from "../../lib/metrics.js";
 import { connectNats, REGISTRY_BUCKETS, Replies } from "../../lib/nats/index.js";
+import { answerOwnLogs } from "../../plane/console-logs.js";
 import { ReplicaRegistry } from "../../plane/registry.js";
 import { Relay } from "../../plane/relay.js";
 import { WorkPublisher, askApiForQueue } from "../../plane/work-queue.js";
@@ -64,6 +65,8 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       );
       replica.answers = listenForAnswers(replica, nc);
       replica.console = listenForConsole(replica, nc);
+      const logs = answerOwnLogs(nc, { service: "invocation", replica: holderHex(holderId) }, logger);
+      if (logs) replica.console.push(logs);
       const url = await http.listen();
       const tlsUrl = await workerTls?.listen();
       replica.targetUri = podAddress(opts, url, tlsUrl);

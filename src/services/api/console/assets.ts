@@ -1,5 +1,5 @@
 // The console's only assets, served by the API itself from /console/assets/ (no page loads
-// anything from elsewhere): the stylesheet and the live page's script. They are strings in this
+// anything from elsewhere): the stylesheet and the live and logs pages' scripts. They are strings in this
 // module, so the TypeScript build that makes dist/ carries them with no copy step. Each has an ETag
 // (its hash), so a browser revalidates cheaply after the short max-age.
 import { createHash } from "node:crypto";
@@ -50,6 +50,11 @@ label { display: flex; flex-direction: column; gap: .2rem; font-size: .9rem; col
 dl { display: grid; grid-template-columns: max-content 1fr; gap: .3rem 1rem; }
 dt { color: var(--muted); }
 dd { margin: 0; }
+#logs td { font-size: .9em; }
+#logs .level { font-weight: 600; }
+#logs [data-level="warn"] .level { color: var(--degraded); }
+#logs [data-level="error"] .level, #logs [data-level="fatal"] .level { color: var(--down); }
+#logs time { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: nowrap; }
 @media (max-width: 700px) {
   main { padding: .6rem; }
   th, td { padding: .3rem .4rem; }
@@ -75,6 +80,41 @@ const LIVE_JS = `"use strict";
 })();
 `;
 
+// The logs page: the table's body replaced by each update for its filter (the URL is on the
+// table); Pause closes the stream so lines hold still for reading, Resume opens it again.
+const LOGS_JS = `"use strict";
+(function () {
+  var table = document.getElementById("logs");
+  var body = table && table.querySelector("tbody");
+  var status = document.getElementById("logs-status");
+  var pause = document.getElementById("logs-pause");
+  if (!body || typeof EventSource === "undefined") return;
+  var source = null;
+  function open() {
+    source = new EventSource(table.getAttribute("data-events"));
+    source.addEventListener("logs", function (e) {
+      body.innerHTML = e.data;
+      if (status) status.textContent = "updated " + new Date().toLocaleTimeString();
+    });
+    source.addEventListener("error", function () {
+      if (status) status.textContent = "reconnecting…";
+    });
+  }
+  open();
+  if (pause)
+    pause.addEventListener("click", function () {
+      var paused = source !== null;
+      if (paused) {
+        source.close();
+        source = null;
+        if (status) status.textContent = "paused";
+      } else open();
+      pause.textContent = paused ? "Resume" : "Pause";
+      pause.setAttribute("aria-pressed", paused ? "true" : "false");
+    });
+})();
+`;
+
 export interface Asset {
   body: string;
   contentType: string;
@@ -92,6 +132,11 @@ function asset(body: string, contentType: string): Asset {
 export const ASSETS: Readonly<Record<string, Asset>> = {
   "console.css": asset(CSS, "text/css; charset=utf-8"),
   "live.js": asset(LIVE_JS, "text/javascript; charset=utf-8"),
+  "logs.js": asset(LOGS_JS, "text/javascript; charset=utf-8"),
 };
 
-export const ASSET_PATHS = { css: "/console/assets/console.css", liveJs: "/console/assets/live.js" } as const;
+export const ASSET_PATHS = {
+  css: "/console/assets/console.css",
+  liveJs: "/console/assets/live.js",
+  logsJs: "/console/assets/logs.js",
+} as const;

@@ -1,17 +1,18 @@
 // The one layout of every console page: the head (the console's own stylesheet, nothing from
-// elsewhere), the nav (Health, Functions, Live, Audit) with the current page marked for screen
+// elsewhere), the nav (Health, Functions, Live, Logs, Audit) with the current page marked for screen
 // readers, and a log-out button; and how a page is sent (the headers that keep it out of frames,
 // caches and other origins' reach).
 import type { ServerResponse } from "node:http";
 import { html, type Html } from "./html.js";
 import { ASSET_PATHS } from "./assets.js";
 
-export type NavPage = "health" | "functions" | "live" | "audit";
+export type NavPage = "health" | "functions" | "live" | "logs" | "audit";
 
 const NAV: ReadonlyArray<[NavPage, string]> = [
   ["health", "Health"],
   ["functions", "Functions"],
   ["live", "Live"],
+  ["logs", "Logs"],
   ["audit", "Audit"],
 ];
 

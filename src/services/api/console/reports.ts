@@ -6,12 +6,13 @@ import type { ReplicaReports } from "../replica-reports.js";
 export type {
   FunctionStats,
   InFlightRow,
+  LogsReply,
   RegistryEntry,
   ReplicaReport,
   RequestLookup,
 } from "../replica-reports.js";
 
-export type ReplicaReportsView = Pick<ReplicaReports, "snapshot" | "lookup" | "registry">;
+export type ReplicaReportsView = Pick<ReplicaReports, "snapshot" | "lookup" | "registry" | "logs">;
 
 /** Where the console gets the replicas' reports now (undefined: NATS is not configured). */
 export type ReportsSource = () => ReplicaReportsView | undefined;

@@ -28,6 +28,7 @@ import { html, type Html } from "./html.js";
 import { layout, redirect, sendPage, type NavPage } from "./layout.js";
 import { LiveHub } from "./live-hub.js";
 import { checkRequestId, inflightRows, liveBody, requestBody } from "./live.js";
+import { logFilter, logsBody, LogStreams } from "./logs.js";
 import type { ReportsSource } from "./reports.js";
 
 export interface ConsoleOptions {
@@ -44,6 +45,8 @@ export interface ConsoleRoutes {
   readonly live: LiveHub;
   /** Prunes the audit log to its bounds once (the API's listen(); each action prunes after it too). */
   start(): Promise<void>;
+  /** The logs page's live streams, one hub per filter watched. */
+  readonly logs: LogStreams;
   /** Ends every live stream: call before the HTTP service drains, or they would hold it open. */
   close(): void;
 }
@@ -104,6 +107,7 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
     intervalMs: opts.liveIntervalMs ?? 1000,
     logger: deps.logger,
   });
+  const logs = new LogStreams(c, { intervalMs: opts.liveIntervalMs ?? 1000, logger: deps.logger });
 
   const fail = (req: IncomingMessage, res: ServerResponse, err: unknown): void => {
     if (res.headersSent || res.destroyed) {
@@ -226,6 +230,23 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
       fail(req, res, err);
     }
   });
+  router.add(
+    "GET",
+    "/console/logs",
+    page("logs", async ({ query }) => ({
+      title: "Logs",
+      body: await logsBody(c, logFilter(query)),
+      scripts: [ASSET_PATHS.logsJs],
+    })),
+  );
+  router.add("GET", "/console/logs/events", async ({ req, res, query }) => {
+    try {
+      await consoleAdmin(deps.auth, req);
+      logs.add(res, logFilter(query));
+    } catch (err) {
+      fail(req, res, err);
+    }
+  });
   router.add("GET", "/console/requests", async ({ req, res, query }) => {
     try {
       await consoleAdmin(deps.auth, req);
@@ -289,7 +310,15 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
     res.end(a.body);
   });
 
-  return { live, start: () => pruneAudit(deps).then(() => undefined), close: () => live.close() };
+  return {
+    live,
+    logs,
+    start: () => pruneAudit(deps).then(() => undefined),
+    close: () => {
+      live.close();
+      logs.close();
+    },
+  };
 }
 
 const ERROR_TITLE = "Refused";
