@@ -31,13 +31,14 @@ const REGISTRIES = [
   { kind: "grpc-proxy", bucket: REGISTRY_BUCKETS.grpcProxy },
 ] as const;
 
-/** How long the count of registered invocation replicas (how many replies to wait for) is reused. */
+/** How long the count of registered replicas (how many replies to wait for) is reused. */
 const REGISTRY_COUNT_TTL_MS = 5000;
 const LOOKUP_TIMEOUT_MS = 1000;
 const REGISTRY_TIMEOUT_MS = 2000;
 
 export class ReplicaReports {
-  private expected: { n: number; at: number } | undefined;
+  /** How many replicas the registry lists, by kind, and when it was read. */
+  private expected: { invocation: number; all: number; at: number } | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -54,7 +55,7 @@ export class ReplicaReports {
   ): Promise<ReplicaReport[]> {
     if (!natsConnected(this.nc)) return [];
     const waitMs = opts.waitMs ?? 300;
-    const expected = await this.expectedReplicas();
+    const expected = await this.expectedReplicas("invocation");
     const query: ConsoleInflightQuery = {};
     if (opts.limit !== undefined) query.limit = opts.limit;
     if (opts.functionId !== undefined) query.functionId = opts.functionId;
@@ -104,10 +105,14 @@ export class ReplicaReports {
   async logs(query: ConsoleLogsQuery, waitMs = 300): Promise<LogsReply[]> {
     if (!natsConnected(this.nc)) return [];
     const replies: LogsReply[] = [];
+    // invocation and grpc-proxy replicas answer: as soon as every registered one has, the wait ends
+    const expected = await this.expectedReplicas("all");
     try {
       const answers = await this.nc.requestMany(subjects.consoleLogs, JSON.stringify(query), {
         maxWait: waitMs,
-        strategy: "timer",
+        ...(expected > 0
+          ? { strategy: "count" as const, maxMessages: expected }
+          : { strategy: "timer" as const }),
       });
       for await (const m of answers) {
         const r = parse<LogsReply>(m);
@@ -124,19 +129,24 @@ export class ReplicaReports {
     if (!natsConnected(this.nc)) return [];
     const lists = await Promise.all(REGISTRIES.map(({ kind, bucket }) => this.readRegistry(kind, bucket)));
     const all = lists.flat();
-    this.expected = { n: all.filter((e) => e.kind === "invocation").length, at: Date.now() };
+    this.expected = {
+      invocation: all.filter((e) => e.kind === "invocation").length,
+      all: all.length,
+      at: Date.now(),
+    };
     return all;
   }
 
-  private async expectedReplicas(): Promise<number> {
-    if (this.expected && Date.now() - this.expected.at < REGISTRY_COUNT_TTL_MS) return this.expected.n;
-    try {
-      await this.registry();
-    } catch (err) {
-      this.logger.debug({ err: (err as Error).message }, "could not read the replica registry");
-      this.expected = { n: 0, at: Date.now() };
+  private async expectedReplicas(kind: "invocation" | "all"): Promise<number> {
+    if (!this.expected || Date.now() - this.expected.at >= REGISTRY_COUNT_TTL_MS) {
+      try {
+        await this.registry();
+      } catch (err) {
+        this.logger.debug({ err: (err as Error).message }, "could not read the replica registry");
+        this.expected = { invocation: 0, all: 0, at: Date.now() };
+      }
     }
-    return this.expected?.n ?? 0;
+    return this.expected?.[kind] ?? 0;
   }
 
   /**
