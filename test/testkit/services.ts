@@ -90,6 +90,8 @@ export interface StartApiOptions {
   computeBackend?: "local" | "kubernetes";
   /** Host names served besides IP literals and localhost (global.hosts); unset: any Host. */
   hosts?: string[];
+  /** Certificate files the console's health page shows (the stack CA, ...). */
+  consoleCertificateFiles?: Array<{ name: string; file: string }>;
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -149,6 +151,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     allowLocalCommand: opts.allowLocalCommand ?? false,
     compute: { backend: opts.computeBackend ?? "local", clusterId: opts.clusterId ?? "test" },
     ...(opts.hosts ? { hosts: opts.hosts } : {}),
+    ...(opts.consoleCertificateFiles ? { consoleCertificateFiles: opts.consoleCertificateFiles } : {}),
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

@@ -99,7 +99,11 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       if (opts.relay?.enabled) {
         state.replicas = new ReplicaRegistry(
           nc,
-          { holder: holderId, relayUrl: connect.origin },
+          {
+            holder: holderId,
+            relayUrl: connect.origin,
+            certificates: () => [...clients.certificates(), ...workers.certificates()],
+          },
           logger,
           opts.relay.registryTtlMs,
           REGISTRY_BUCKETS.grpcProxy,

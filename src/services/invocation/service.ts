@@ -76,7 +76,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       if (opts.relay?.enabled) {
         replica.replicas = new ReplicaRegistry(
           nc,
-          { holder: holderId, relayUrl: url.origin },
+          { holder: holderId, relayUrl: url.origin, certificates: () => workerTls?.certificates() ?? [] },
           logger,
           opts.relay.registryTtlMs,
           REGISTRY_BUCKETS.invocation,

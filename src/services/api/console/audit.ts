@@ -7,7 +7,7 @@ export async function auditBody(c: ConsoleDeps, page: number): Promise<Html> {
   const rows = await c.api.store.listAudit({ limit: PAGE_SIZE + 1, offset: (page - 1) * PAGE_SIZE });
   const more = rows.length > PAGE_SIZE;
   return html`<p class="muted">
-      Every action taken in the console: scale, undeploy, revoke identity. Newest first.
+      Every action taken in the console: deploy, scale, undeploy, revoke identity. Newest first.
     </p>
     <div class="table-wrap">
       <table id="audit">
