@@ -120,11 +120,20 @@ const GRAPHS_JS = `"use strict";
   }
   var count = function (u, vals) { return vals.map(function (v) { return String(v); }); };
   plot("graph-rate", [{ label: "requests", stroke: accent, width: 2, fill: accent + "22" }], [h.requests], { floor: 1, values: count });
-  plot("graph-errors", [{ label: "errors", stroke: down, width: 2, value: function (u, v) { return v == null ? "–" : (100 * v).toFixed(1) + "%"; } }], [h.errorRatio],
-    { floor: 0.01, values: function (u, vals) { return vals.map(function (v) { return (100 * v).toFixed(0) + "%"; }); } });
+  // as many decimals as the ticks' step needs (0.25% apart: two)
+  var percent = function (u, vals, axis, space, incr) {
+    var step = (incr * 100).toFixed(3).replace(/\\.?0+$/, "");
+    var digits = step.indexOf(".") < 0 ? 0 : step.length - step.indexOf(".") - 1;
+    return vals.map(function (v) { return (100 * v).toFixed(digits) + "%"; });
+  };
+  // a minute with requests between two without is one point: drawn as a dot, not lost
+  var dots = { show: true, size: 5 };
+  plot("graph-errors", [{ label: "errors", stroke: down, width: 2, points: dots,
+    value: function (u, v) { return v == null ? "–" : (100 * v).toFixed(1) + "%"; } }], [h.errorRatio],
+    { floor: 0.01, values: percent });
   plot("graph-latency", [
-    { label: "p50 ms", stroke: accent, width: 2, spanGaps: false },
-    { label: "p99 ms", stroke: warn, width: 2, spanGaps: false },
+    { label: "p50 ms", stroke: accent, width: 2, points: dots },
+    { label: "p99 ms", stroke: warn, width: 2, points: dots },
   ], [h.p50Ms, h.p99Ms], { floor: 1, values: count });
   var resized;
   window.addEventListener("resize", function () {
