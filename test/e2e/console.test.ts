@@ -5,6 +5,8 @@
 // real instances and reports them, so that "instances going ready" is the plane's own doing).
 // Everything a test looks at is what an operator sees: pages found by the ids and data- attributes of
 // the console's contract, reached by links and forms, the login typed with the keyboard.
+// Besides the pages and actions: a function's last hour drawn by uPlot after some invocations, the
+// certificates (stack CA, each replica's) on the health page, and a deploy through the console.
 // Screenshots of every page go to .callplane/test-output/console/ (1280x800, and one at 390x844).
 // Addresses: services on 127.0.54.1, invocation replicas on 127.0.55.0/24, instances on
 // 127.0.56.0/24, grpc-proxy replicas on 127.0.57.0/24 (no other test file uses them).

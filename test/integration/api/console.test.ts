@@ -1,10 +1,11 @@
 // The operator console (/console on the API) over HTTP, as a browser or a script uses it: a real
 // API (SQLite, NATS from testkit) on 127.0.0.1:0. Who gets in (no token, an API key, an account's
 // admin token, a bad token, a plane-wide admin by Bearer and by the login cookie), what the pages
-// show (health rows, functions filtered by name, a function's deployments and instances), the
-// actions (confirmed first, then applied, then in the audit log), and the same-origin rule. Then
+// show (health rows and certificates, functions filtered by name, a function's deployments and
+// instances), the actions (deploy, scale, undeploy, revoke: bad input refused with its code,
+// confirmed first, then applied, then in the audit log), and the same-origin rule. Then
 // over a running plane (an invocation replica, a worker): what the replicas report shows on the
-// health, live, request and functions pages.
+// health, live, request and functions pages, and a function's last hour on its page.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
