@@ -40,6 +40,8 @@ export interface ReplicaReport {
   requests: InFlightRow[];
   /** Function versions with requests held or ended in the last minute. */
   functions: FunctionStats[];
+  /** Asked for with ConsoleInflightQuery.hour: the function's versions' last hour (see VersionHour). */
+  hour?: VersionHour[];
 }
 
 export interface RequestLookup {
@@ -61,6 +63,8 @@ export interface RequestLookup {
 export interface ConsoleInflightQuery {
   limit?: number;
   functionId?: string;
+  /** With functionId: the report carries `hour`, that function's last hour (a function's page). */
+  hour?: boolean;
 }
 
 /** Rows a report carries unless asked otherwise, and at most (1000 rows are about 200 KB). */
@@ -86,4 +90,20 @@ export interface WorkerSeen {
   instanceId?: string;
   /** The address its HTTP callback came from (the pod's; through the callback proxy, as the proxy says). */
   address?: string;
+}
+
+// ---- a function's last hour (the graphs on its page)
+
+/**
+ * One version's last hour on one replica, minute by minute (plane/recent-window.ts, HourCounts):
+ * point i is the minute starting at `start + i * 60 s`; latency holds each minute's non-empty
+ * duration buckets as [bucket, count], the same buckets on every replica, so they add up.
+ */
+export interface VersionHour {
+  functionId: string;
+  versionId: string;
+  start: number;
+  requests: number[];
+  errors: number[];
+  latency: Array<Array<[number, number]>>;
 }

@@ -4,10 +4,13 @@
 // receives a callback for a request it does not hold looks the holder up here: the address always
 // comes from the registry, never from the callback itself, so a relay can reach only live replicas.
 // Only invocation replicas may write the bucket (their NATS grant; nobody else's covers it), so an
-// address in it was written by a replica.
+// address in it was written by a replica. An entry also names the certificates the replica serves
+// with (subject, issuer, expiry: the operator console's health page shows them), so a rotated one
+// shows within a refresh.
 import { Kvm, type KV } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { holderHex } from "../lib/ids.js";
+import type { CertificateInfo } from "../lib/tls/index.js";
 import type { Logger } from "../lib/log.js";
 import { REGISTRY_BUCKETS } from "../lib/nats/index.js";
 
@@ -16,6 +19,8 @@ export interface ReplicaEntry {
   /** Where other replicas relay to: the invocation replica's plain listener, grpc-proxy's CONNECT listener. */
   relayUrl: string;
   startedAt: string;
+  /** The certificates its TLS listeners serve with now (none without TLS). */
+  certificates?: CertificateInfo[];
 }
 
 /** One registry per kind of replica: the invocation service's, grpc-proxy's (see lib/nats/permissions.ts). */
@@ -28,7 +33,12 @@ export class ReplicaRegistry {
 
   constructor(
     private readonly nc: NatsConnection,
-    private readonly self: { holder: number; relayUrl: string },
+    private readonly self: {
+      holder: number;
+      relayUrl: string;
+      /** The certificates served now, asked at each refresh. */
+      certificates?: () => CertificateInfo[];
+    },
     private readonly logger: Logger,
     private readonly ttlMs = 15_000,
     private readonly bucket: string = REGISTRY_BUCKETS.invocation,
@@ -43,6 +53,7 @@ export class ReplicaRegistry {
       holder: this.key,
       relayUrl: this.self.relayUrl,
       startedAt: this.startedAt,
+      certificates: this.self.certificates?.() ?? [],
     } satisfies ReplicaEntry);
   }
 

@@ -5,6 +5,8 @@
 // real instances and reports them, so that "instances going ready" is the plane's own doing).
 // Everything a test looks at is what an operator sees: pages found by the ids and data- attributes of
 // the console's contract, reached by links and forms, the login typed with the keyboard.
+// Besides the pages and actions: a function's last hour drawn by uPlot after some invocations, the
+// certificates (stack CA, each replica's) on the health page, and a deploy through the console.
 // Screenshots of every page go to .callplane/test-output/console/ (1280x800, and one at 390x844).
 // Addresses: services on 127.0.54.1, invocation replicas on 127.0.55.0/24, instances on
 // 127.0.56.0/24, grpc-proxy replicas on 127.0.57.0/24 (no other test file uses them).
@@ -223,6 +225,22 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
       assert.equal(new Set(holders).size, 2, "a row per invocation replica, by its holder id");
       assert.equal(of("grpc-proxy").length, 2, "a row per grpc-proxy replica");
       assert.ok(of("compute").length >= 1, "the local compute cluster has a row");
+      // the certificates: the stack CA the API reads, and each replica's serving certificate (worker
+      // TLS, as the callback proxy reaches them), with their expiry
+      const certs = await rowsOf(page, "table#certificates tr[data-certificate]");
+      const ca = certs.filter((c) => c["data-certificate"] === "stack-ca");
+      assert.equal(ca.length, 1, `a stack CA row: ${JSON.stringify(certs)}`);
+      assert.equal(ca[0]["data-state"], "ok");
+      assert.ok(Number(ca[0]["data-days-left"]) > 14);
+      const served = (kind: string) => certs.filter((c) => c["data-served-by"] === kind);
+      assert.equal(served("invocation").length, 2, `each invocation replica's: ${JSON.stringify(certs)}`);
+      assert.ok(served("grpc-proxy").length >= 2, `each grpc-proxy replica's: ${JSON.stringify(certs)}`);
+      for (const c of [...served("invocation"), ...served("grpc-proxy")]) {
+        assert.equal(c["data-state"], "ok");
+        assert.ok(Number(c["data-days-left"]) >= 1);
+      }
+      const caText = await text(page, 'table#certificates tr[data-certificate="stack-ca"]');
+      assert.match(caText, /\d{4}-\d\d-\d\dT/, "its notAfter is shown");
       await shot("health");
       // Bearer works as well as the cookie, for scripts
       const r = await request(`${consoleUrl}/health`, { headers: { authorization: `Bearer ${admin}` } });
@@ -349,6 +367,37 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
       1,
       `instance ${instanceId} is one of the slow function's`,
     );
+  });
+
+  await t.test("a function's page draws its last hour after some invocations", async () => {
+    const n = 5;
+    for (let i = 0; i < n; i++) {
+      const res = await request(
+        `${info.invocation[i % 2]}/v2/nvcf/pexec/functions/${info.demo.httpFunctionId}`,
+        {
+          method: "POST",
+          headers: { authorization: `Bearer ${info.demo.apiKey}`, "content-type": "application/json" },
+          body: JSON.stringify({ i }),
+        },
+      );
+      await res.body.text();
+      assert.equal(res.statusCode, 200);
+    }
+    await page.goto(`${consoleUrl}/functions/${info.demo.httpFunctionId}`);
+    const summary = page.locator("#graphs-summary");
+    assert.ok(
+      Number(await summary.getAttribute("data-requests")) >= n,
+      `the hour counts the invocations: ${await summary.textContent()}`,
+    );
+    // uPlot drew each graph: a canvas in each plot, marked by the console's script
+    for (const id of ["graph-rate", "graph-errors", "graph-latency"]) {
+      await page.locator(`#${id}[data-rendered="true"] canvas`).waitFor({ timeout: 5_000 });
+      const box = await page.locator(`#${id} canvas`).boundingBox();
+      assert.ok(box && box.width > 200 && box.height > 100, `${id} is drawn: ${JSON.stringify(box)}`);
+    }
+    // the legend names the series
+    assert.match(await text(page, "#graph-latency"), /p99 ms/);
+    await shot("function-graphs");
   });
 
   let neverReady = { id: "", versionId: "" };
@@ -487,6 +536,58 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
     );
     await shot("audit");
   });
+
+  await t.test(
+    "the deploy action deploys a version that has none, confirmed, and is in the audit log",
+    async () => {
+      await page.goto(`${consoleUrl}/functions/${neverReady.id}`);
+      const form = page.locator("form#deploy");
+      assert.equal(await form.locator("select[name=versionId]").inputValue(), neverReady.versionId);
+      const types = await form.locator("select[name=instanceType] option").allTextContents();
+      assert.ok(
+        types.some((o) => o.includes("local/local.cpu")),
+        `the cluster's instance types: ${types.join(", ")}`,
+      );
+      // bad input: a clear error page with its code, and nothing deployed
+      await form.locator("input[name=minInstances]").fill("3");
+      await form.locator("input[name=maxInstances]").fill("1");
+      await form.getByRole("button", { name: /^Deploy/ }).click();
+      await page.locator("#error").waitFor();
+      assert.equal(await page.locator("#error").getAttribute("data-code"), "VALIDATION_FAILED");
+      assert.match(await text(page, "#error"), /minInstances \(3\) is larger than maxInstances \(1\)/);
+      await shot("deploy-refused");
+      await page.goto(`${consoleUrl}/functions/${neverReady.id}`);
+      await form.locator("input[name=minInstances]").fill("0");
+      await form.locator("input[name=maxInstances]").fill("1");
+      await form.getByRole("button", { name: /^Deploy/ }).click();
+      await page.locator("button#confirm").waitFor();
+      assert.match(await text(page, "#confirm-what"), /Deploy version[\s\S]*local\/local\.cpu[\s\S]*0–1/);
+      const none = await runCli(["deploy", "get", "console-never-ready"], { cwd: dir, env: cliEnv(admin) });
+      assert.notEqual(none.code, 0, "nothing deployed before the confirmation");
+      await shot("deploy-confirm");
+      await page.locator("button#confirm").click();
+      await page.waitForURL(`${consoleUrl}/functions/${neverReady.id}`);
+      assert.equal(
+        await page.locator(`table#deployments tr[data-version-id="${neverReady.versionId}"]`).count(),
+        1,
+      );
+      assert.equal(await page.locator("form#deploy").count(), 0, "no version left to deploy");
+      const d = JSON.parse(await cli(["deploy", "get", "console-never-ready", "--json"])) as {
+        deployment: { deploymentSpecifications: Array<{ instanceType: string; maxInstances: number }> };
+      };
+      assert.deepEqual(
+        d.deployment.deploymentSpecifications.map((s) => [s.instanceType, s.maxInstances]),
+        [["local.cpu", 1]],
+      );
+      await page.goto(`${consoleUrl}/audit`);
+      assert.deepEqual(
+        (await rowsOf(page, "table#audit tr[data-action]")).map((r) => r["data-action"]),
+        ["deploy", "undeploy", "scale"],
+      );
+      assert.match(await text(page, "table#audit tr[data-action=deploy]"), /console-never-ready/);
+      await shot("audit-deploy");
+    },
+  );
 
   await t.test("a form posted from another origin is refused and changes nothing", async () => {
     const body = new URLSearchParams({

@@ -92,6 +92,8 @@ export interface StartApiOptions {
   hosts?: string[];
   /** The console's audit log bounds (api.audit); the API's defaults unless given. */
   audit?: { maxRows: number; maxAgeDays: number };
+  /** Certificate files the console's health page shows (the stack CA, ...). */
+  consoleCertificateFiles?: Array<{ name: string; file: string }>;
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -152,6 +154,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     compute: { backend: opts.computeBackend ?? "local", clusterId: opts.clusterId ?? "test" },
     ...(opts.hosts ? { hosts: opts.hosts } : {}),
     ...(opts.audit ? { audit: opts.audit } : {}),
+    ...(opts.consoleCertificateFiles ? { consoleCertificateFiles: opts.consoleCertificateFiles } : {}),
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

@@ -152,6 +152,11 @@ runService("api", async (config, logger) => {
         store: identities,
       },
     },
+    consoleCertificateFiles: [
+      { name: "stack-ca", file: config.pki.caCertFile },
+      { name: "callback-proxy", file: config.workerCallbackProxy.tls.frontend.certFile },
+      { name: "nats", file: config.nats.tls.certFile },
+    ],
     logger,
     registry,
   });

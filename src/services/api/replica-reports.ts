@@ -6,6 +6,7 @@
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { holderHex, holderOf } from "../../lib/ids.js";
 import type { Logger } from "../../lib/log.js";
+import type { CertificateInfo } from "../../lib/tls/index.js";
 import { natsConnected, REGISTRY_BUCKETS, subjects } from "../../lib/nats/index.js";
 import type { ConsoleLogsQuery, LogsReply } from "../../plane/console-logs.js";
 import type { ConsoleInflightQuery, ReplicaReport, RequestLookup } from "../../plane/console-wire.js";
@@ -16,6 +17,7 @@ export type {
   InFlightRow,
   ReplicaReport,
   RequestLookup,
+  VersionHour,
 } from "../../plane/console-wire.js";
 export type { ConsoleLogsQuery, LogsReply } from "../../plane/console-logs.js";
 
@@ -24,6 +26,8 @@ export interface RegistryEntry {
   holder: string;
   relayUrl: string;
   startedAt: string;
+  /** The certificates the replica serves with, as its entry names them (plane/registry.ts). */
+  certificates: CertificateInfo[];
 }
 
 const REGISTRIES = [
@@ -51,7 +55,7 @@ export class ReplicaReports {
    * that many have answered (a replica not in the registry yet still answers, but may be missed).
    */
   async snapshot(
-    opts: { limit?: number; functionId?: string; waitMs?: number } = {},
+    opts: { limit?: number; functionId?: string; hour?: boolean; waitMs?: number } = {},
   ): Promise<ReplicaReport[]> {
     if (!natsConnected(this.nc)) return [];
     const waitMs = opts.waitMs ?? 300;
@@ -59,6 +63,7 @@ export class ReplicaReports {
     const query: ConsoleInflightQuery = {};
     if (opts.limit !== undefined) query.limit = opts.limit;
     if (opts.functionId !== undefined) query.functionId = opts.functionId;
+    if (opts.hour === true) query.hour = true;
     const reports: ReplicaReport[] = [];
     try {
       const replies = await this.nc.requestMany(subjects.consoleInflight, JSON.stringify(query), {
@@ -179,18 +184,34 @@ export class ReplicaReports {
         const status = m.headers?.code ?? 0;
         const op = m.headers?.get("KV-Operation");
         if (status >= 400 || m.data.length === 0 || op === "DEL" || op === "PURGE") return undefined;
-        const e = parse<{ holder?: string; relayUrl?: string; startedAt?: string }>(m);
+        const e = parse<{ holder?: string; relayUrl?: string; startedAt?: string; certificates?: unknown }>(
+          m,
+        );
         if (!e || typeof e.holder !== "string") return undefined;
         return {
           kind,
           holder: e.holder,
           relayUrl: typeof e.relayUrl === "string" ? e.relayUrl : "",
           startedAt: typeof e.startedAt === "string" ? e.startedAt : "",
+          certificates: certificatesOf(e.certificates),
         };
       }),
     );
     return entries.filter((e): e is RegistryEntry => e !== undefined);
   }
+}
+
+/** The well-formed certificate descriptions of an entry (an older replica's entry has none). */
+function certificatesOf(v: unknown): CertificateInfo[] {
+  if (!Array.isArray(v)) return [];
+  return v.filter(
+    (c): c is CertificateInfo =>
+      c !== null &&
+      typeof c === "object" &&
+      ["name", "subject", "issuer", "notBefore", "notAfter"].every(
+        (k) => typeof (c as Record<string, unknown>)[k] === "string",
+      ),
+  );
 }
 
 function parse<T>(m: Msg): T | undefined {

@@ -67,6 +67,11 @@ export interface ApiServiceOptions {
    * (HOST_NOT_SERVED), which keeps DNS-rebinding pages out. Undefined: any (tests that call by name).
    */
   hosts?: HostNames;
+  /**
+   * Certificate files the operator console's health page shows the expiry of (the stack CA, the
+   * callback proxy's and NATS's serving certificates, where the API can read them).
+   */
+  consoleCertificateFiles?: ReadonlyArray<{ name: string; file: string }>;
   logger?: Logger;
   registry?: Registry;
 }
@@ -127,7 +132,9 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   // ---- what a client may know before it has a token
   addInfoRoutes(router, deps);
   // ---- the operator console: HTML pages under /console for plane-wide admins
-  const consolePages = addConsoleRoutes(router, deps);
+  const consolePages = addConsoleRoutes(router, deps, {
+    certificateFiles: opts.consoleCertificateFiles ?? [],
+  });
 
   // bodies here are small JSON documents: a client that stops sending is cut off after 60 s
   const http = createHttpService({

@@ -24,6 +24,8 @@ import {
   limitHandshake,
   type TlsFrontend,
   TlsReloader,
+  certificateDescriber,
+  type CertificateInfo,
 } from "../../lib/tls/index.js";
 import type { Calls } from "./calls.js";
 import type { GrpcProxyOptions } from "./options.js";
@@ -88,6 +90,13 @@ export class ClientListener {
       (stream: ServerHttp2Stream, headers: IncomingHttpHeaders, flags: number, rawHeaders: string[]) =>
         this.onStream(stream, headers, flags, rawHeaders),
     );
+  }
+
+  private readonly describe = certificateDescriber("client-tls");
+
+  /** The certificate the client listener serves with now (none in cleartext). */
+  certificates(): CertificateInfo[] {
+    return this.describe(this.reloader?.material.cert);
   }
 
   listen(): Promise<URL> {
@@ -204,6 +213,13 @@ export class WorkerListeners {
         onHandshakeError: (err) => logger.debug({ err: err.message }, "worker TLS handshake failed"),
       });
     }
+  }
+
+  private readonly describe = certificateDescriber("worker-tls");
+
+  /** The certificate the worker TLS listener serves with now (none without it). */
+  certificates(): CertificateInfo[] {
+    return this.describe(this.reloader?.material.cert);
   }
 
   /** The CONNECT listener's URL, then the worker TLS listener's (if any). */

@@ -103,7 +103,11 @@ export function createGrpcProxy(opts: GrpcProxyOptions) {
       // on, looks holders up in it (state.relay)
       state.replicas = new ReplicaRegistry(
         nc,
-        { holder: holderId, relayUrl: connect.origin },
+        {
+          holder: holderId,
+          relayUrl: connect.origin,
+          certificates: () => [...clients.certificates(), ...workers.certificates()],
+        },
         logger,
         opts.relay?.registryTtlMs,
         REGISTRY_BUCKETS.grpcProxy,

@@ -18,6 +18,7 @@ import {
   type ReplicaReport,
   type RequestLookup,
   type WorkerSeen,
+  type VersionHour,
 } from "../../plane/console-wire.js";
 import { OTHER_FUNCTION } from "../../plane/function-series.js";
 import type { InvocationSeries } from "./metrics.js";
@@ -117,7 +118,22 @@ export function inflightReport(replica: ReplicaState, q: ConsoleInflightQuery): 
     inFlight,
     requests,
     functions,
+    ...(q.hour === true && only !== undefined ? { hour: hourReport(replica, only, now) } : {}),
   };
+}
+
+/**
+ * One function's versions' last hour on this replica (a function's page asks). Versions past the
+ * series limit share the `other` series, which cannot be told apart: they have no hour here.
+ */
+export function hourReport(replica: ReplicaState, functionId: string, now = Date.now()): VersionHour[] {
+  const out: VersionHour[] = [];
+  for (const s of replica.metrics.allSeries()) {
+    if (s.functionId !== functionId) continue;
+    const h = s.recent.hour(now);
+    if (h) out.push({ functionId: s.functionId, versionId: s.functionVersionId, ...h });
+  }
+  return out;
 }
 
 /** Where one of this replica's requests is, or how it ended. */

@@ -7,7 +7,7 @@ import { isIP } from "node:net";
 import { Router, createHttpService, type HttpService } from "../../lib/http/index.js";
 import { createRegistry } from "../../lib/metrics.js";
 import type { HostPort } from "../../lib/net/index.js";
-import { TlsReloader } from "../../lib/tls/index.js";
+import { certificateDescriber, TlsReloader, type CertificateInfo } from "../../lib/tls/index.js";
 import { attachRequest, attachResponse } from "./attach.js";
 import { invoke } from "./invoke.js";
 import type { InvocationServiceOptions } from "./options.js";
@@ -114,6 +114,13 @@ export class WorkerTlsListener {
 
   listen(): Promise<URL> {
     return this.http.listen();
+  }
+
+  private readonly describe = certificateDescriber("worker-tls");
+
+  /** The certificate it serves with now (after any reload). */
+  certificates(): CertificateInfo[] {
+    return this.describe(this.reloader.material.cert);
   }
 
   /** Closes the listener and stops watching the certificate files. */

@@ -81,7 +81,7 @@ export function createInvocationService(opts: InvocationServiceOptions): Invocat
       // relay looks addresses up in it.
       replica.replicas = new ReplicaRegistry(
         nc,
-        { holder: holderId, relayUrl: url.origin },
+        { holder: holderId, relayUrl: url.origin, certificates: () => workerTls?.certificates() ?? [] },
         logger,
         opts.relay?.registryTtlMs,
         REGISTRY_BUCKETS.invocation,

@@ -1,18 +1,23 @@
 // The operator console (/console on the API) over HTTP, as a browser or a script uses it: a real
 // API (SQLite, NATS from testkit) on 127.0.0.1:0. Who gets in (no token, an API key, an account's
 // admin token, a bad token, a plane-wide admin by Bearer and by the login cookie), what the pages
-// show (health rows, functions filtered by name, a function's deployments and instances), the
-// actions (confirmed first, then applied, then in the audit log), and the same-origin rule. Then
+// show (health rows and certificates, functions filtered by name, a function's deployments and
+// instances), the actions (deploy, scale, undeploy, revoke: bad input refused with its code,
+// confirmed first, then applied, then in the audit log), and the same-origin rule. Then
 // over a running plane (an invocation replica, a worker): what the replicas report shows on the
-// health, live, request and functions pages.
+// health, live, request and functions pages, and a function's last hour on its page.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { test } from "node:test";
 import { handle as exampleHandler } from "../../../examples/inference-server.js";
 import { holderHex } from "../../../src/lib/ids.js";
 import { waitFor } from "../../testkit/client.js";
 import { startPlane } from "../../testkit/plane.js";
+import { testPki } from "../../testkit/tls.js";
 import {
   call,
   sampleDeployment,
@@ -95,8 +100,23 @@ async function deploymentSpec(api: ApiFixture, token: string, f: FunctionDto) {
 
 void test("the operator console", async (t) => {
   const nats = await startNats(t);
-  // a short audit log: three rows (the tests below make four actions)
-  const api = await startApi(t, { nats, audit: { maxRows: 3, maxAgeDays: 30 } });
+  // certificate files the health page shows: the stack CA, one that expires in 5 days, one absent
+  const certDir = mkdtempSync(join(tmpdir(), "callplane-console-certs-"));
+  t.after(() => rmSync(certDir, { recursive: true, force: true }));
+  const pki = await testPki();
+  const soon = await pki.issue(["soon.example"], { notAfter: new Date(Date.now() + 5.5 * 86_400_000) });
+  writeFileSync(join(certDir, "ca.crt"), pki.ca.certPem);
+  writeFileSync(join(certDir, "soon.crt"), soon.certPem);
+  // a short audit log: three rows (the tests below make four actions before the deploy)
+  const api = await startApi(t, {
+    nats,
+    audit: { maxRows: 3, maxAgeDays: 30 },
+    consoleCertificateFiles: [
+      { name: "stack-ca", file: join(certDir, "ca.crt") },
+      { name: "soon", file: join(certDir, "soon.crt") },
+      { name: "absent", file: join(certDir, "absent.crt") },
+    ],
+  });
   const admin = await api.adminToken();
   const c = `${api.url}/console`;
   const echo = await createFunction(api, admin, "console-echo");
@@ -178,6 +198,26 @@ void test("the operator console", async (t) => {
     assert.ok(byName.has("admin-issuer"));
     assert.match(p.text, /aria-current="page">Health/);
   });
+
+  await t.test(
+    "the health page lists the certificates with their expiry; one under 14 days is a warning",
+    async () => {
+      const p = await get(`${c}/health`, bearer(admin));
+      assert.match(p.text, /<table id="certificates"/);
+      const certs = new Map(rows(p.text, "data-certificate").map((r) => [attrOf(r, "data-certificate"), r]));
+      assert.deepEqual([...certs.keys()], ["stack-ca", "soon"], "the absent file has no row");
+      assert.equal(attrOf(certs.get("stack-ca")!, "data-state"), "ok");
+      assert.ok(Number(attrOf(certs.get("stack-ca")!, "data-days-left")) > 300);
+      assert.equal(attrOf(certs.get("soon")!, "data-state"), "warning");
+      assert.equal(attrOf(certs.get("soon")!, "data-days-left"), "5");
+      const cells = cellsOf(p.text, 'data-certificate="soon"');
+      // name, state, served by, subject, issuer, not after, days left
+      assert.equal(cells[1], "warning");
+      assert.match(cells[3], /CN=soon\.example/);
+      assert.match(cells[4], /callplane test CA/);
+      assert.match(cells[5], /^\d{4}-\d\d-\d\dT/);
+    },
+  );
 
   await t.test("the functions page lists every function and filters by name on the server", async () => {
     const all = await get(`${c}/functions`, bearer(admin));
@@ -411,6 +451,83 @@ void test("the operator console", async (t) => {
     },
   );
 
+  await t.test(
+    "deploy, from a version's form: bad input gets its code, a good one is confirmed, deployed as the API deploys, and audited",
+    async () => {
+      // other was undeployed above: its page offers the deploy form with the cluster's instance type
+      const p = await get(`${c}/functions/${other.id}`, bearer(admin));
+      assert.match(
+        p.text,
+        /<form\s+id="deploy"\s+class="deploy"\s+method="post"\s+action="\/console\/actions\/deploy"/,
+      );
+      assert.match(p.text, new RegExp(`<option value="${other.versionId}">`));
+      const localType = JSON.stringify(["local", "local.cpu"]);
+      assert.ok(p.text.includes(`<option value="${localType.replace(/"/g, "&quot;")}">`), p.text);
+      const form = {
+        functionId: other.id,
+        versionId: other.versionId,
+        instanceType: localType,
+        minInstances: "0",
+        maxInstances: "2",
+        maxRequestConcurrency: "4",
+      };
+      const refused = async (fields: Record<string, string>, status: number, code: string) => {
+        const r = await post(`${c}/actions/deploy`, { ...form, ...fields, confirmed: "1" }, bearer(admin));
+        assert.equal(r.status, status, r.text);
+        assert.equal(errorCode(r.text), code, r.text);
+        assert.equal((await deploymentSpec(api, admin, other)).status, 404, "nothing deployed");
+      };
+      await refused({ minInstances: "3", maxInstances: "1" }, 400, "VALIDATION_FAILED");
+      await refused({ maxInstances: "" }, 400, "VALIDATION_FAILED");
+      await refused({ instanceType: "local.cpu" }, 400, "VALIDATION_FAILED");
+      await refused({ instanceType: JSON.stringify(["A100", "a100.x8"]) }, 400, "INSTANCE_TYPE_UNAVAILABLE");
+      await refused({ versionId: randomUUID() }, 404, "VERSION_NOT_FOUND");
+      const twice = await post(
+        `${c}/actions/deploy`,
+        { ...form, functionId: echo.id, versionId: echo.versionId },
+        bearer(admin),
+      );
+      assert.equal(twice.status, 409, twice.text);
+      assert.equal(errorCode(twice.text), "DEPLOYMENT_EXISTS");
+
+      const ask = await post(`${c}/actions/deploy`, form, bearer(admin));
+      assert.equal(ask.status, 200, ask.text);
+      assert.match(ask.text, /Deploy version/);
+      assert.match(ask.text, /local\/local\.cpu/);
+      assert.match(ask.text, /<strong>0–2<\/strong>/);
+      assert.equal((await deploymentSpec(api, admin, other)).status, 404, "not before the confirmation");
+      const done = await post(`${c}/actions/deploy`, { ...form, confirmed: "1" }, bearer(admin));
+      assert.equal(done.status, 303, done.text);
+      assert.equal(done.headers.get("location"), `/console/functions/${other.id}`);
+      const r = await call<{
+        deployment: {
+          deploymentSpecifications: Array<{
+            gpu: string;
+            instanceType: string;
+            minInstances: number;
+            maxInstances: number;
+            maxRequestConcurrency: number;
+          }>;
+        };
+      }>(`${api.url}/v2/nvcf/deployments/functions/${other.id}/versions/${other.versionId}`, {
+        token: admin,
+      });
+      assert.equal(r.status, 200, r.text);
+      const spec = r.body.deployment.deploymentSpecifications[0];
+      assert.deepEqual(
+        [spec.gpu, spec.instanceType, spec.minInstances, spec.maxInstances, spec.maxRequestConcurrency],
+        ["local", "local.cpu", 0, 2, 4],
+      );
+      const page = await get(`${c}/functions/${other.id}`, bearer(admin));
+      assert.equal(rows(page.text, "data-version-id").filter((t) => t.includes(other.versionId)).length, 2);
+      assert.doesNotMatch(page.text, /<form\s+id="deploy"/, "no version left to deploy");
+      const audit = await get(`${c}/audit`, bearer(admin));
+      assert.equal(attrOf(rows(audit.text, "data-action")[0], "data-action"), "deploy");
+      assert.match(audit.text, new RegExp(`${other.id}/${other.versionId}`));
+      assert.match(audit.text, /&quot;instanceType&quot;:&quot;local.cpu&quot;/);
+    },
+  );
+
   await t.test("the live page and its event stream", async () => {
     const p = await get(`${c}/live`, bearer(admin));
     assert.equal(p.status, 200, p.text);
@@ -454,6 +571,14 @@ void test("the operator console", async (t) => {
     const js = await get(`${c}/assets/live.js`);
     assert.match(js.headers.get("content-type") ?? "", /^text\/javascript/);
     assert.match(js.text, /EventSource\("\/console\/live\/events"\)/);
+    // uPlot, from the installed package, with its licence notice, and its stylesheet
+    const uplot = await get(`${c}/assets/uplot.js`);
+    assert.equal(uplot.status, 200);
+    assert.match(uplot.headers.get("content-type") ?? "", /^text\/javascript/);
+    assert.match(uplot.text, /^\/\*! uPlot \(npm package uplot\), The MIT License/);
+    assert.match(uplot.text, /var uPlot=/);
+    assert.match((await get(`${c}/assets/uplot.css`)).text, /\.uplot/);
+    assert.match((await get(`${c}/assets/graphs.js`)).text, /new uPlot\(/);
     assert.equal((await get(`${c}/assets/nope.css`)).status, 404);
   });
 });
@@ -572,5 +697,31 @@ void test(
     assert.equal(after[5], "1", `one request in the last minute: ${after.join(" | ")}`);
     assert.equal(after[6], "0.000", "no error");
     assert.match(after[7], /^\d+\/\d+$/, "p50/p99 known");
+
+    // the function's page: its last hour, one request in the current minute, for the graphs
+    const fnPage = await get(`${c}/functions/${plane.fn.functionId}`, bearer(admin));
+    assert.equal(fnPage.status, 200, fnPage.text);
+    assert.match(fnPage.text, /<script src="\/console\/assets\/uplot.js" defer><\/script>/);
+    assert.match(fnPage.text, /<script src="\/console\/assets\/graphs.js" defer><\/script>/);
+    assert.match(fnPage.text, /<link rel="stylesheet" href="\/console\/assets\/uplot.css"/);
+    assert.match(fnPage.text, /id="graphs-summary" data-requests="1"/);
+    const json = /<script type="application\/json" id="hour-data">([\s\S]*?)<\/script>/.exec(fnPage.text);
+    assert.ok(json, fnPage.text);
+    const hour = JSON.parse(json[1]) as {
+      start: number;
+      requests: number[];
+      errorRatio: Array<number | null>;
+      p99Ms: Array<number | null>;
+    };
+    assert.equal(hour.requests.length, 60);
+    assert.equal(
+      hour.requests.reduce((a, b) => a + b, 0),
+      1,
+    );
+    const at = hour.requests.findIndex((n) => n === 1);
+    assert.ok(at >= 58, `in the last minute or the one before: ${at}`);
+    assert.equal(hour.errorRatio[at], 0);
+    assert.ok(hour.p99Ms[at]! >= 1, "a p99 for that minute");
+    assert.equal(hour.errorRatio[0], null, "a minute with no request is a gap");
   },
 );

@@ -122,6 +122,8 @@ test(
       "both replicas are in the registry",
     );
     for (const e of registry) assert.match(e.relayUrl, /^http:\/\/127\.0\.0\.1:\d+$/);
+    // no worker TLS listener here: no certificate to name
+    for (const e of registry) assert.deepEqual(e.certificates, []);
 
     const all = await reports.snapshot();
     assert.equal(all.length, 2, "every replica answers");
@@ -215,6 +217,24 @@ test(
     assert.deepEqual(
       lonelyStats.map((f) => [f.versionId, f.requests, f.errors]),
       [[lonely.fn.versionId, 1, 1]],
+    );
+    // a function's hour, asked with its id: only that function's versions, minute by minute
+    const hour = ofReplica(
+      await reports.snapshot({ functionId: lonely.fn.functionId, hour: true }),
+      h0,
+    )!.hour!;
+    assert.deepEqual(
+      hour.map((v) => [v.versionId, v.requests.length, v.requests.reduce((a, b) => a + b, 0)]),
+      [[lonely.fn.versionId, 60, 1]],
+    );
+    assert.equal(
+      hour[0].errors.reduce((a, b) => a + b, 0),
+      1,
+    );
+    assert.equal(
+      ofReplica(await reports.snapshot({ hour: true }), h0)!.hour,
+      undefined,
+      "only for one function",
     );
 
     // an id nobody minted here, then one whose replica is gone: no answer

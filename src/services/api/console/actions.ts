@@ -1,11 +1,13 @@
 // The console's actions, confirmed on the server: the first POST answers a page saying exactly
 // what will happen, with a form that repeats the fields plus confirmed=1; the second applies it
-// through the same store and worker-trust calls the API's own routes make (PUT and DELETE on a
-// deployment, the revoke of an instance's identity), writes the audit log, and sends the browser
+// through the same store and worker-trust calls the API's own routes make (POST, PUT and DELETE on
+// a deployment, the revoke of an instance's identity), writes the audit log, and sends the browser
 // back to the function's page.
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import { CallplaneError } from "../../../lib/errors.js";
+import { checkInstanceTypes } from "../instance-types.js";
+import { deployVersion } from "../routes/deployments.js";
 import { deploymentSchema, parseBody } from "../schemas.js";
 import type { AuditAction, AuditRecord } from "../store/types.js";
 import { actorOf, type ConsoleAdmin } from "./auth.js";
@@ -54,7 +56,7 @@ function count(f: Fields, name: string): number {
 export type ActionName = AuditAction;
 
 export function isAction(name: string): name is ActionName {
-  return name === "scale" || name === "undeploy" || name === "revoke-identity";
+  return name === "deploy" || name === "scale" || name === "undeploy" || name === "revoke-identity";
 }
 
 /** What an action will do, checked against the store; `apply` does it and says what to audit. */
@@ -118,6 +120,83 @@ async function planScale(c: ConsoleDeps, f: Fields): Promise<Plan> {
   };
 }
 
+/** The deploy form's instance type: a [gpu, name] pair as JSON (names may hold any safe character). */
+function instanceTypeOf(f: Fields): { gpu: string; instanceType: string } {
+  const raw = field(f, "instanceType");
+  let pair: unknown;
+  try {
+    pair = JSON.parse(raw);
+  } catch {
+    pair = undefined;
+  }
+  if (!Array.isArray(pair) || pair.length !== 2 || !pair.every((p) => typeof p === "string"))
+    throw new CallplaneError(
+      "VALIDATION_FAILED",
+      `instanceType: "${raw.slice(0, 40)}" is not one of the form's choices; pick an instance type from the list`,
+      { extra: { errors: [{ field: "instanceType", message: "not one of the offered instance types" }] } },
+    );
+  return { gpu: pair[0], instanceType: pair[1] };
+}
+
+async function planDeploy(c: ConsoleDeps, f: Fields): Promise<Plan> {
+  const functionId = field(f, "functionId");
+  const versionId = field(f, "versionId");
+  const { gpu, instanceType } = instanceTypeOf(f);
+  const min = count(f, "minInstances");
+  const max = count(f, "maxInstances");
+  const concurrency = f.get("maxRequestConcurrency") ? count(f, "maxRequestConcurrency") : 1;
+  const versions = await loadFunction(c, functionId);
+  const v = versions.find((x) => x.versionId === versionId);
+  if (!v)
+    throw new CallplaneError(
+      "VERSION_NOT_FOUND",
+      `${versions[0].name} has no version ${versionId.slice(0, 64)}; pick one on the function's page`,
+    );
+  if (await c.api.store.getDeployment(functionId, versionId))
+    throw new CallplaneError(
+      "DEPLOYMENT_EXISTS",
+      `version ${versionId} of ${v.name} is deployed already; scale it on the function's page instead`,
+    );
+  // the API's own rules for a deployment, and a type some cluster offers, checked before confirming
+  const specs = parseBody(deploymentSchema, {
+    deploymentSpecifications: [
+      { gpu, instanceType, minInstances: min, maxInstances: max, maxRequestConcurrency: concurrency },
+    ],
+  }).deploymentSpecifications;
+  await checkInstanceTypes(c.api.store, c.api.compute, specs);
+  return {
+    functionId,
+    says: html`Deploy version <span class="id">${versionId}</span> of <strong>${v.name}</strong> on
+      <strong>${gpu}/${instanceType}</strong> with <strong>${min}–${max}</strong> instances, each taking up to
+      ${concurrency} requests at once: the compute agent starts its instances, and invocations of this version
+      are taken from then on.`,
+    fields: {
+      functionId,
+      versionId,
+      instanceType: JSON.stringify([gpu, instanceType]),
+      minInstances: String(min),
+      maxInstances: String(max),
+      maxRequestConcurrency: String(concurrency),
+    },
+    button: "Deploy",
+    async apply() {
+      const d = await deployVersion(c.api, v, specs);
+      return {
+        target: `${functionId}/${versionId}`,
+        detail: {
+          function: v.name,
+          deploymentId: d.deploymentId,
+          gpu,
+          instanceType,
+          minInstances: min,
+          maxInstances: max,
+          maxRequestConcurrency: concurrency,
+        },
+      };
+    },
+  };
+}
+
 async function planUndeploy(c: ConsoleDeps, f: Fields): Promise<Plan> {
   const { functionId, versionId, versions, d } = await deploymentOf(c, f);
   const live = (await c.api.store.listInstances(versionId)).filter((i) => i.status !== "TERMINATED").length;
@@ -171,6 +250,8 @@ export async function plan(
   admin: ConsoleAdmin,
 ): Promise<Plan> {
   switch (action) {
+    case "deploy":
+      return planDeploy(c, f);
     case "scale":
       return planScale(c, f);
     case "undeploy":
@@ -181,14 +262,14 @@ export async function plan(
 }
 
 export function confirmBody(action: ActionName, p: Plan): Html {
+  // what takes something away is red
+  const danger = action === "undeploy" || action === "revoke-identity";
   return html`<p class="confirm" id="confirm-what">${p.says}</p>
     <form method="post" action="/console/actions/${action}" class="inline">
       ${Object.entries(p.fields).map(
         ([k, v]) => html`<input type="hidden" name="${k}" value="${v}" /> `,
       )}<input type="hidden" name="confirmed" value="1" />
-      <button id="confirm" type="submit" ${action === "scale" ? "" : html` class="danger"`}>
-        ${p.button}
-      </button>
+      <button id="confirm" type="submit" ${danger ? html` class="danger"` : ""}>${p.button}</button>
       <a href="/console/functions/${p.functionId}">Cancel</a>
     </form>`;
 }

@@ -10,6 +10,8 @@ export interface ConsoleDeps {
   startedAt: Date;
   /** How long a page waits for the replicas to answer (ReplicaReports.snapshot's waitMs). */
   replicaWaitMs: number;
+  /** Certificate files the API can read (the stack CA, ...): the health page shows their expiry. */
+  certificateFiles: ReadonlyArray<{ name: string; file: string }>;
 }
 
 export const PAGE_SIZE = 50;

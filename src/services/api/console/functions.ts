@@ -1,11 +1,15 @@
 // The functions page (every function of the plane, filtered by name and paged on the server, with
 // the invocation replicas' last-minute stats merged in and the queue depth of the page's rows) and
-// one function's page (its versions, deployments with the scale and undeploy forms, instances with
-// the revoke-identity form, and its secrets by name).
+// one function's page (its last hour in graphs, its versions, deployments with the scale and
+// undeploy forms and the deploy form for a version without one, instances with the
+// revoke-identity form, and its secrets by name).
 import { CallplaneError } from "../../../lib/errors.js";
+import { offeredClusters } from "../instance-types.js";
 import { functionStatus } from "../routes/dto.js";
 import type { DeploymentRecord, FunctionVersionRecord, InstanceRecord } from "../store/types.js";
+import { ASSET_PATHS } from "./assets.js";
 import { PAGE_SIZE, type ConsoleDeps } from "./context.js";
+import { functionHour, graphsBody } from "./graphs.js";
 import { html, type Html } from "./html.js";
 import type { FunctionStats } from "./reports.js";
 
@@ -206,26 +210,92 @@ function deploymentRow(f: FunctionVersionRecord, d: DeploymentRecord, is: Instan
   </tr> `;
 }
 
+/** The deploy form for the versions without a deployment, with the instance types the clusters offer. */
+async function deployForm(
+  c: ConsoleDeps,
+  functionId: string,
+  undeployed: FunctionVersionRecord[],
+): Promise<Html> {
+  const clusters = await offeredClusters(c.api.store, c.api.compute);
+  const types = new Map<string, { gpu: string; name: string; clusters: string[] }>();
+  for (const k of clusters)
+    for (const t of k.instanceTypes) {
+      const key = JSON.stringify([t.gpu, t.name]);
+      const e = types.get(key) ?? { gpu: t.gpu, name: t.name, clusters: [] };
+      e.clusters.push(k.clusterId);
+      types.set(key, e);
+    }
+  const heading = html`<h2 id="deploy-heading">Deploy a version</h2>`;
+  if (types.size === 0)
+    return html`${heading}
+      <p class="muted" id="deploy-none">
+        No cluster offers an instance type yet: is the compute agent running? (It registers its cluster's
+        types when it starts.)
+      </p>`;
+  return html`${heading}
+    <form
+      id="deploy"
+      class="deploy"
+      method="post"
+      action="/console/actions/deploy"
+      aria-labelledby="deploy-heading"
+    >
+      <input type="hidden" name="functionId" value="${functionId}" />
+      <label for="deploy-version"
+        >Version<select id="deploy-version" name="versionId" required>
+          ${undeployed.map((v) => html`<option value="${v.versionId}">${v.versionId} (${v.createdAt})</option>`)}
+        </select></label
+      >
+      <label for="deploy-type"
+        >Instance type<select id="deploy-type" name="instanceType" required>
+          ${[...types].map(
+            ([key, t]) => html`<option value="${key}">${t.gpu}/${t.name} (${t.clusters.join(", ")})</option>`,
+          )}
+        </select></label
+      >
+      <label for="deploy-min"
+        >Min<input id="deploy-min" name="minInstances" type="number" min="0" value="1" required
+      /></label>
+      <label for="deploy-max"
+        >Max<input id="deploy-max" name="maxInstances" type="number" min="1" value="1" required
+      /></label>
+      <label for="deploy-concurrency"
+        >Requests per instance<input
+          id="deploy-concurrency"
+          name="maxRequestConcurrency"
+          type="number"
+          min="1"
+          value="1"
+          required
+      /></label>
+      <button type="submit">Deploy…</button>
+    </form>`;
+}
+
 export async function functionBody(
   c: ConsoleDeps,
   functionId: string,
-): Promise<{ title: string; body: Html }> {
+): Promise<{ title: string; body: Html; scripts: string[]; styles: string[] }> {
   const { store, secrets } = c.api;
   const versions = await loadFunction(c, functionId);
   const f = versions[0];
-  const [deployments, instances, secretNames] = await Promise.all([
+  const [deployments, instances, secretNames, hour] = await Promise.all([
     store.listDeployments(),
     store.listInstances(),
     secrets
       ? secrets.names(versions.map((v) => v.versionId)).catch(() => undefined)
       : Promise.resolve(undefined),
+    functionHour(c, functionId),
   ]);
   const ds = deployments.filter((d) => d.functionId === functionId);
   const is = instances.filter((i) => i.functionId === functionId);
   const names = new Set([...(secretNames?.values() ?? [])].flat());
+  const undeployed = versions.filter((v) => !ds.some((d) => d.versionId === v.versionId));
+  const deploy = undeployed.length ? await deployForm(c, functionId, undeployed) : "";
   const body = html`<p>
       Function <span class="id">${functionId}</span> of account <span class="id">${f.ncaId}</span>.
     </p>
+    ${graphsBody(hour)}
     <h2 id="versions-heading">Versions</h2>
     <div class="table-wrap">
       <table id="versions" aria-labelledby="versions-heading">
@@ -277,7 +347,7 @@ export async function functionBody(
         </tbody>
       </table>
     </div>
-    ${ds.length ? "" : html`<p class="muted">No version of this function is deployed.</p>`}
+    ${ds.length ? "" : html`<p class="muted">No version of this function is deployed.</p>`} ${deploy}
     <h2 id="instances-heading">Instances</h2>
     <div class="table-wrap">
       <table id="instances" aria-labelledby="instances-heading">
@@ -333,5 +403,10 @@ export async function functionBody(
             <p class="muted">Names only; values are never shown.</p>`
         : ""
     }`;
-  return { title: f.name, body };
+  return {
+    title: f.name,
+    body,
+    scripts: [ASSET_PATHS.uplotJs, ASSET_PATHS.graphsJs],
+    styles: [ASSET_PATHS.uplotCss],
+  };
 }

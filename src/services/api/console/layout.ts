@@ -23,8 +23,10 @@ export interface PageOptions {
   /** Whether the nav and log-out button show (not on the login page). */
   signedIn: boolean;
   body: Html;
-  /** Scripts of the console's own (/console/assets/...). */
+  /** Scripts of the console's own (/console/assets/...), run in this order. */
   scripts?: string[];
+  /** Stylesheets besides the console's (/console/assets/...). */
+  styles?: string[];
 }
 
 export function layout(o: PageOptions): string {
@@ -49,6 +51,7 @@ export function layout(o: PageOptions): string {
         <meta charset="utf-8" />
         <meta name="viewport" content="width=device-width, initial-scale=1" />
         <title>${o.title} · callplane console</title>
+        ${(o.styles ?? []).map((s) => html`<link rel="stylesheet" href="${s}" />`)}
         <link rel="stylesheet" href="${ASSET_PATHS.css}" />
         ${(o.scripts ?? []).map((s) => html`<script src="${s}" defer></script>`)}
       </head>

@@ -10,6 +10,7 @@ export type {
   RegistryEntry,
   ReplicaReport,
   RequestLookup,
+  VersionHour,
 } from "../replica-reports.js";
 
 export type ReplicaReportsView = Pick<ReplicaReports, "snapshot" | "lookup" | "registry" | "logs">;

@@ -23,6 +23,7 @@ import {
 } from "./auth.js";
 import { pageNumber, type ConsoleDeps } from "./context.js";
 import { functionBody, functionsBody } from "./functions.js";
+import { certificateRows, certificatesBody } from "./certificates.js";
 import { healthBody, healthRows } from "./health.js";
 import { html, type Html } from "./html.js";
 import { layout, redirect, sendPage, type NavPage } from "./layout.js";
@@ -38,6 +39,8 @@ export interface ConsoleOptions {
   liveIntervalMs?: number;
   /** How long a page waits for replicas to answer (300 ms). */
   replicaWaitMs?: number;
+  /** Certificate files whose expiry the health page shows (a missing file is left out). */
+  certificateFiles?: ReadonlyArray<{ name: string; file: string }>;
 }
 
 export interface ConsoleRoutes {
@@ -100,6 +103,7 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
     reports: opts.reports ?? (() => deps.trust.replicaReports()),
     startedAt: new Date(),
     replicaWaitMs: opts.replicaWaitMs ?? 300,
+    certificateFiles: opts.certificateFiles ?? [],
   };
   const live = new LiveHub({
     render: async () => (await inflightRows(c)).text,
@@ -140,7 +144,7 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
       fn: (
         ctx: RequestContext,
         admin: ConsoleAdmin,
-      ) => Promise<{ title: string; body: Html; scripts?: string[] }>,
+      ) => Promise<{ title: string; body: Html; scripts?: string[]; styles?: string[] }>,
     ) =>
     async (ctx: RequestContext): Promise<void> => {
       try {
@@ -189,10 +193,10 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
   router.add(
     "GET",
     "/console/health",
-    page("health", async ({ req }) => ({
-      title: "Health",
-      body: healthBody(await healthRows(c, req.headers.host ?? "")),
-    })),
+    page("health", async ({ req }) => {
+      const [rows, certs] = await Promise.all([healthRows(c, req.headers.host ?? ""), certificateRows(c)]);
+      return { title: "Health", body: html`${healthBody(rows)}${certificatesBody(certs)}` };
+    }),
   );
   router.add(
     "GET",
@@ -272,7 +276,7 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
       if (!isAction(action))
         throw new CallplaneError(
           "NOT_FOUND",
-          `no console action ${JSON.stringify(action.slice(0, 40))}; there are scale, undeploy and revoke-identity`,
+          `no console action ${JSON.stringify(action.slice(0, 40))}; there are deploy, scale, undeploy and revoke-identity`,
         );
       const form = await readForm(req);
       const p = await plan(c, action, form, admin);

@@ -7,7 +7,7 @@ import { CallplaneError } from "../../../lib/errors.js";
 import { sendJson, type RequestContext, type Router } from "../../../lib/http/index.js";
 import { checkInstanceTypes } from "../instance-types.js";
 import { deploymentSchema, parseBody } from "../schemas.js";
-import type { DeploymentRecord } from "../store/types.js";
+import type { DeploymentRecord, DeploymentSpecification } from "../store/types.js";
 import { readJsonBody, type ApiDeps } from "./deps.js";
 import { deploymentDto } from "./dto.js";
 import type { Reach } from "./access.js";
@@ -46,13 +46,28 @@ async function createDeployment(deps: ApiDeps, { req, res, params }: RequestCont
   const reach = await deps.auth.caller(req, "deploy_function");
   const v = await reach.version("deploy_function", params.fid, params.vid);
   const body = parseBody(deploymentSchema, await readJsonBody(deps, req));
-  await checkInstanceTypes(deps.store, deps.compute, body.deploymentSpecifications);
+  const d = await deployVersion(deps, v, body.deploymentSpecifications);
+  sendJson(res, 200, { deployment: await deploymentDto(deps, d) });
+}
+
+/**
+ * Deploys a version (its specifications already checked against deploymentSchema): refuses
+ * instance types no cluster offers and a version deployed already, then makes sure its work queue
+ * exists. The deploy route and the operator console's deploy action (console/actions.ts) both
+ * deploy through here.
+ */
+export async function deployVersion(
+  deps: Pick<ApiDeps, "store" | "compute" | "logger" | "trust">,
+  v: { functionId: string; versionId: string },
+  specs: DeploymentSpecification[],
+): Promise<DeploymentRecord> {
+  await checkInstanceTypes(deps.store, deps.compute, specs);
   const now = new Date().toISOString();
   const d: DeploymentRecord = {
     deploymentId: randomUUID(),
     functionId: v.functionId,
     versionId: v.versionId,
-    specs: body.deploymentSpecifications,
+    specs,
     createdAt: now,
     updatedAt: now,
   };
@@ -68,7 +83,7 @@ async function createDeployment(deps: ApiDeps, { req, res, params }: RequestCont
   );
   // the queue exists before any worker or invocation needs it (workers may not create it)
   await deps.trust.ensureQueueSoft(v.versionId);
-  sendJson(res, 200, { deployment: await deploymentDto(deps, d) });
+  return d;
 }
 
 async function getDeployment(deps: ApiDeps, { req, res, params }: RequestContext): Promise<void> {

@@ -165,7 +165,7 @@ export interface ApiKeyRecord {
 }
 
 /** The console's actions that the audit log records. */
-export const AUDIT_ACTIONS = ["scale", "undeploy", "revoke-identity"] as const;
+export const AUDIT_ACTIONS = ["deploy", "scale", "undeploy", "revoke-identity"] as const;
 export type AuditAction = (typeof AUDIT_ACTIONS)[number];
 
 /** One action an operator took in the console (the table audit_log). */
