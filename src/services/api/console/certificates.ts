@@ -117,8 +117,8 @@ export function certificatesBody(rows: CertRow[]): Html {
     <p class="muted">
       ${rows.length === 0 ? html`<span id="certificates-none">No certificate could be read from here.</span> ` : ""}
       Warning: under ${WARN_DAYS} days left. Replicas name the certificates they serve with in their registry
-      entries (so only while relay is on); the API itself serves plain HTTP (TLS, where used, ends in front of
-      it), and reads the stack CA and the other certificate files it is configured with when they are on its
-      machine.
+      entries (every replica registers, relay on or off); the API itself serves plain HTTP (TLS, where used,
+      ends in front of it), and reads the stack CA and the other certificate files it is configured with when
+      they are on its machine.
     </p>`;
 }
