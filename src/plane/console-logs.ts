@@ -6,9 +6,10 @@
 // wrote them (JSON objects); the API parses and merges them by time.
 //
 // callplane.console.logs   body ConsoleLogsQuery, every service replies a LogsReply
-import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { recentLogLines, type Logger } from "../lib/log.js";
 import { subjects } from "../lib/nats/index.js";
+import { parseConsoleQuery } from "./console-wire.js";
 
 export interface ConsoleLogsQuery {
   /** Only lines whose `requestId` is this one (lower case). */
@@ -71,16 +72,6 @@ export function matchingLines(lines: Iterable<string>, q: ConsoleLogsQuery): str
   return out;
 }
 
-function parseQuery(m: Msg): ConsoleLogsQuery {
-  if (m.data.length === 0) return {};
-  try {
-    const q = m.json<unknown>();
-    return q !== null && typeof q === "object" ? q : {};
-  } catch {
-    return {};
-  }
-}
-
 /**
  * Answers the console's logs question on `nc` until it closes. The reply stays below the server's
  * max_payload: the oldest lines are dropped until it fits.
@@ -97,7 +88,11 @@ export function answerLogQuestions(
       void (async () => {
         let reply: LogsReply;
         try {
-          reply = { kind: "logs", ...who, lines: matchingLines(await source(), parseQuery(m)) };
+          reply = {
+            kind: "logs",
+            ...who,
+            lines: matchingLines(await source(), parseConsoleQuery<ConsoleLogsQuery>(m)),
+          };
         } catch (e) {
           reply = { kind: "logs", ...who, lines: [], problem: (e as Error).message };
         }

@@ -107,3 +107,14 @@ export interface VersionHour {
   errors: number[];
   latency: Array<Array<[number, number]>>;
 }
+
+/** A console question's body as an object (an empty or malformed one asks with no options). */
+export function parseConsoleQuery<Q extends object>(m: { data: Uint8Array; json<T>(): T }): Q {
+  if (m.data.length === 0) return {} as Q;
+  try {
+    const q = m.json<unknown>();
+    return (q !== null && typeof q === "object" ? q : {}) as Q;
+  } catch {
+    return {} as Q;
+  }
+}

@@ -37,19 +37,26 @@ export async function offeredClusters(store: Store, compute: ComputeSettings): P
 
 /** How many offered pairs a refusal lists before it says how many more there are. */
 const LISTED = 20;
+/** Each (gpu, instance type) the clusters offer, keyed by JSON [gpu, name], with the clusters offering it. */
+export function offeredByType(
+  clusters: OfferedCluster[],
+): Map<string, { gpu: string; name: string; clusters: string[] }> {
+  const byType = new Map<string, { gpu: string; name: string; clusters: string[] }>();
+  for (const c of clusters)
+    for (const t of c.instanceTypes) {
+      const key = JSON.stringify([t.gpu, t.name]);
+      const e = byType.get(key) ?? { gpu: t.gpu, name: t.name, clusters: [] };
+      e.clusters.push(c.clusterId);
+      byType.set(key, e);
+    }
+  return byType;
+}
+
 const quote = (s: string) => JSON.stringify(s.slice(0, 128));
 
 /** What `clusters` offer, as `gpu "L40S" instance type "l40s.x1" (clusters a, b)`, at most LISTED of them. */
 function describeOffered(clusters: OfferedCluster[]): string {
-  const byPair = new Map<string, { gpu: string; name: string; clusters: string[] }>();
-  for (const c of clusters)
-    for (const t of c.instanceTypes) {
-      const key = JSON.stringify([t.gpu, t.name]);
-      const e = byPair.get(key) ?? { gpu: t.gpu, name: t.name, clusters: [] };
-      e.clusters.push(c.clusterId);
-      byPair.set(key, e);
-    }
-  const all = [...byPair.values()];
+  const all = [...offeredByType(clusters).values()];
   const shown = all
     .slice(0, LISTED)
     .map(

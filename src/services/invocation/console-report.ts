@@ -12,6 +12,7 @@ import { subjects } from "../../lib/nats/index.js";
 import { callplaneVersion } from "../../lib/version.js";
 import {
   INFLIGHT_ROWS,
+  parseConsoleQuery,
   type ConsoleInflightQuery,
   type FunctionStats,
   type InFlightRow,
@@ -37,7 +38,9 @@ export function listenForConsole(replica: ReplicaState, nc: NatsConnection): Sub
   };
   return [
     nc.subscribe(subjects.consoleInflight, {
-      callback: answer("in-flight", (m) => inflightReport(replica, parseQuery(m))),
+      callback: answer("in-flight", (m) =>
+        inflightReport(replica, parseConsoleQuery<ConsoleInflightQuery>(m)),
+      ),
     }),
     nc.subscribe(subjects.consoleRequest(holderHex(replica.holderId)), {
       callback: answer("request", (m) => lookupRequest(replica, m.string().trim())),
@@ -55,16 +58,6 @@ function respond(nc: NatsConnection, m: Msg, body: unknown): void {
     text = JSON.stringify(report);
   }
   m.respond(text);
-}
-
-function parseQuery(m: Msg): ConsoleInflightQuery {
-  if (m.data.length === 0) return {};
-  try {
-    const q = m.json<unknown>();
-    return q !== null && typeof q === "object" ? q : {};
-  } catch {
-    return {};
-  }
 }
 
 function rowLimit(limit: unknown): number {

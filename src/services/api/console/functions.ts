@@ -4,7 +4,7 @@
 // undeploy forms and the deploy form for a version without one, instances with the
 // revoke-identity form, and its secrets by name).
 import { CallplaneError } from "../../../lib/errors.js";
-import { offeredClusters } from "../instance-types.js";
+import { offeredByType, offeredClusters } from "../instance-types.js";
 import { functionStatus } from "../routes/dto.js";
 import type { DeploymentRecord, FunctionVersionRecord, InstanceRecord } from "../store/types.js";
 import { ASSET_PATHS } from "./assets.js";
@@ -216,15 +216,7 @@ async function deployForm(
   functionId: string,
   undeployed: FunctionVersionRecord[],
 ): Promise<Html> {
-  const clusters = await offeredClusters(c.api.store, c.api.compute);
-  const types = new Map<string, { gpu: string; name: string; clusters: string[] }>();
-  for (const k of clusters)
-    for (const t of k.instanceTypes) {
-      const key = JSON.stringify([t.gpu, t.name]);
-      const e = types.get(key) ?? { gpu: t.gpu, name: t.name, clusters: [] };
-      e.clusters.push(k.clusterId);
-      types.set(key, e);
-    }
+  const types = offeredByType(await offeredClusters(c.api.store, c.api.compute));
   const heading = html`<h2 id="deploy-heading">Deploy a version</h2>`;
   if (types.size === 0)
     return html`${heading}
