@@ -9,7 +9,7 @@ import type { Logger } from "../log.js";
 import type { Registry } from "../metrics.js";
 import { SOCKET_BUFFER_BYTES, formatHostPort, widenSocketBuffers, type HostPort } from "../net/index.js";
 import { HANDSHAKE_OPTIONS, limitHandshake } from "../tls/index.js";
-import type { Tracing } from "../tracing/index.js";
+import { traceHttpServer, type Tracing } from "../tracing/index.js";
 import { requireHostServed, type HostNames } from "./hosts.js";
 import type { Router } from "./router.js";
 import { HttpServerMetrics } from "./server-metrics.js";
@@ -271,7 +271,7 @@ export function createHttpService(opts: HttpServiceOptions): HttpService {
     }
     let result: Promise<void> | void;
     try {
-      const span = opts.tracing?.httpServer(req, res, m.route.pattern);
+      const span = opts.tracing && traceHttpServer(opts.tracing, req, res, m.route.pattern);
       result = m.route.handler({ req, res, params: m.params, query, log, span });
     } catch (err) {
       sendProblem(res, err, log);

@@ -33,9 +33,7 @@ import {
   type SpanProcessor,
 } from "@opentelemetry/sdk-trace";
 import { ATTR_SERVICE_NAME } from "@opentelemetry/semantic-conventions";
-import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Logger } from "../log.js";
-import { traceHttpServer } from "./hops.js";
 import { ATTR } from "./names.js";
 import { SpanFileExporter } from "./span-file.js";
 
@@ -191,11 +189,6 @@ export class Tracing {
       attributes,
       creation ? [{ context: creation }] : undefined,
     );
-  }
-
-  /** A request on an HTTP front door (lib/http/server.ts): hops.ts traceHttpServer. */
-  httpServer(req: IncomingMessage, res: ServerResponse, route: string): TraceSpan {
-    return traceHttpServer(this, req, res, route);
   }
 
   /**

@@ -3,7 +3,7 @@
 // size: the newest overwrites the oldest. Its columns are arrays made with the ring, so recording
 // an end is a few writes of values the request already has (its id, its function's ids, the code
 // and message of the error it got), never a new object per request.
-import type { InvocationOutcome } from "./metrics.js";
+import type { InvocationOutcome } from "./outcome.js";
 import type { WorkerContact } from "./worker-seen.js";
 
 export const ENDED_REQUESTS = 10_000;

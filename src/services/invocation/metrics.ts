@@ -24,17 +24,9 @@ import { DEFAULT_FUNCTION_SERIES_LIMIT, FunctionSeriesTable } from "../../plane/
 import { RecentWindow } from "../../plane/recent-window.js";
 import type { CallplaneError } from "../../lib/errors.js";
 import { EndedRequests } from "./ended-requests.js";
+import { INVOCATION_OUTCOMES, type InvocationOutcome } from "./outcome.js";
 import type { WorkerContact } from "./worker-seen.js";
 
-/**
- * answered: the worker's answer reached the client in full (whatever its status: a 202 too);
- * timeout: no worker answered within the window (504); client_gone: the client left before its
- * answer was out in full; rejected: refused after its function was known, before a worker had it
- * (too many in flight, a body too slow, the queue refused it); failed: the plane answered with an
- * error after queueing (a malformed worker answer, a body that stalled, an answer cut short).
- */
-export const INVOCATION_OUTCOMES = ["answered", "timeout", "client_gone", "rejected", "failed"] as const;
-export type InvocationOutcome = (typeof INVOCATION_OUTCOMES)[number];
 const OUTCOME_INDEX: Record<InvocationOutcome, number> = {
   answered: 0,
   timeout: 1,

@@ -21,7 +21,8 @@ import type { Relay } from "../../plane/relay.js";
 import { TokenTable } from "../../plane/tokens.js";
 import type { WorkPublisher } from "../../plane/work-queue.js";
 import type { Tracing } from "../../lib/tracing/index.js";
-import { InvocationMetrics, type InvocationOutcome, type InvocationSeries } from "./metrics.js";
+import { InvocationMetrics, type InvocationSeries } from "./metrics.js";
+import type { InvocationOutcome } from "./outcome.js";
 import type { InvocationServiceOptions, PollSettings } from "./options.js";
 import type { WorkerContact } from "./worker-seen.js";
 

@@ -4,6 +4,9 @@ import type pg from "pg";
 import { POSTGRES } from "./dialect.js";
 import { driveAsync, type Result, type Step, type Steps, type SqlRunner } from "./steps.js";
 
+/** A query with `?` placeholders (numbered() turns them into $1, $2, ...) and its parameters. */
+export type Query = (sql: string, params?: unknown[]) => Promise<pg.QueryResult>;
+
 /** `?` placeholders (the form every query is written in) to PostgreSQL's `$n`. */
 export function numbered(sql: string): string {
   let n = 0;

@@ -4,7 +4,7 @@
 // that the database decides (INSERT ... ON CONFLICT), never a read followed by a write.
 import pg from "pg";
 import { migratePostgres } from "../db/migrate.js";
-import { inTransaction, numbered } from "../db/postgres.js";
+import { inTransaction, numbered, type Query } from "../db/postgres.js";
 import {
   VERSION_SELECT,
   WORKER_AUTH_SELECT,
@@ -15,10 +15,6 @@ import {
   type ClusterKeysRow,
   workerSubColumn,
   accountFromRow,
-  AUDIT_INSERT,
-  auditFromRow,
-  auditParams,
-  type AuditRow,
   clusterFromRow,
   type ClusterRow,
   instanceWorkerAuthFromRow,
@@ -34,11 +30,10 @@ import {
   type KeyRow,
   type VersionRow,
 } from "./rows.js";
+import { postgresAuditLog } from "./postgres-audit.js";
 import { NameTakenError, type Store } from "./types.js";
 
 const UNIQUE_VIOLATION = "23505";
-
-type Query = (sql: string, params?: unknown[]) => Promise<pg.QueryResult>;
 
 export interface PostgresStoreOptions {
   /** postgres://user:password@host:port/database */
@@ -382,25 +377,7 @@ export async function openPostgresStore(opts: PostgresStoreOptions): Promise<Sto
       );
       return r?.revoked_at;
     },
-    async appendAudit(e) {
-      await q(AUDIT_INSERT, auditParams(e));
-    },
-    async listAudit({ limit, offset }) {
-      return (
-        await rows<AuditRow>("SELECT * FROM audit_log ORDER BY at DESC, seq DESC LIMIT ? OFFSET ?", [
-          limit,
-          offset,
-        ])
-      ).map(auditFromRow);
-    },
-    async pruneAudit({ keepRows, before }) {
-      const old = await q("DELETE FROM audit_log WHERE at < ?", [before]);
-      const over = await q(
-        "DELETE FROM audit_log WHERE seq IN (SELECT seq FROM audit_log ORDER BY at DESC, seq DESC OFFSET ?)",
-        [keepRows],
-      );
-      return (old.rowCount ?? 0) + (over.rowCount ?? 0);
-    },
+    ...postgresAuditLog(q),
     async close() {
       await pool.end();
     },
