@@ -38,8 +38,8 @@ export async function auditBody(c: ConsoleDeps, page: number): Promise<Html> {
   const rows = await c.api.store.listAudit({ limit: PAGE_SIZE + 1, offset: (page - 1) * PAGE_SIZE });
   const more = rows.length > PAGE_SIZE;
   return html`<p class="muted">
-      Every action taken in the console: deploy, scale, undeploy, revoke identity. Newest first. Who: the
-      admin token's subject, and the token's id (revoke a token by it). Kept: the newest
+      Every action taken in the console: deploy, scale, undeploy, revoke identity. Newest first. Who: the admin
+      token's subject, and the token's id (revoke a token by it). Kept: the newest
       ${c.api.audit.maxRows.toLocaleString("en")} actions of the last ${c.api.audit.maxAgeDays} days
       (<code>api.audit</code>).
     </p>
