@@ -197,7 +197,7 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
   });
 
   await t.test(
-    "logged in with an admin token: the health page lists the API, database, NATS, the issuer, each replica",
+    "logged in with an admin token: the health page lists the API, database, NATS (each server, JetStream, the auth callout), the issuer, each replica, the callback proxy, the MEK provider",
     async () => {
       const res = await logIn(page, consoleUrl, admin);
       assert.ok(
@@ -225,6 +225,25 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
       assert.equal(new Set(holders).size, 2, "a row per invocation replica, by its holder id");
       assert.equal(of("grpc-proxy").length, 2, "a row per grpc-proxy replica");
       assert.ok(of("compute").length >= 1, "the local compute cluster has a row");
+      // the parts the API asks itself: the callback proxy's /health on its admin listener, each
+      // NATS server and the account's JetStream, the auth callout as NATS sees it, the MEK provider
+      for (const c of ["callback-proxy", "jetstream", "mek-provider"]) {
+        assert.equal(of(c).length, 1, `one ${c} row: ${JSON.stringify(rows)}`);
+        assert.equal(of(c)[0]["data-state"], "up", `${c} is up: ${JSON.stringify(of(c))}`);
+      }
+      assert.match(
+        await text(page, 'table#components tr[data-component="callback-proxy"]'),
+        /http:\/\/[\d.]+:\d+\/health[\s\S]*\/health answered 200 in \d+ ms/,
+      );
+      assert.equal(of("mek-provider")[0]["data-id"], "file", "the stack's keyring file");
+      assert.ok(of("nats-node").length >= 1, "a row per NATS server");
+      for (const n of of("nats-node")) assert.equal(n["data-state"], "up", JSON.stringify(n));
+      assert.ok(of("auth-callout").length >= 1, `the auth callout: ${JSON.stringify(rows)}`);
+      for (const a of of("auth-callout")) assert.equal(a["data-state"], "up", JSON.stringify(a));
+      assert.match(
+        await text(page, 'table#components tr[data-component="auth-callout"]'),
+        /subscribed to \$SYS\.REQ\.USER\.AUTH \(as NATS sees it\); worker auth token/,
+      );
       // the certificates: the stack CA the API reads, and each replica's serving certificate (worker
       // TLS, as the callback proxy reaches them), with their expiry
       const certs = await rowsOf(page, "table#certificates tr[data-certificate]");

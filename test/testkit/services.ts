@@ -94,6 +94,10 @@ export interface StartApiOptions {
   audit?: { maxRows: number; maxAgeDays: number };
   /** Certificate files the console's health page shows (the stack CA, ...). */
   consoleCertificateFiles?: Array<{ name: string; file: string }>;
+  /** The callback proxy's /health for the console (unset: the proxy is off, no row). */
+  consoleCallbackProxy?: { url: string } | { why: string };
+  /** How long the console's health page keeps its probes (0 here unless given: tests see changes at once). */
+  consoleProbeCacheMs?: number;
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -155,6 +159,8 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     ...(opts.hosts ? { hosts: opts.hosts } : {}),
     ...(opts.audit ? { audit: opts.audit } : {}),
     ...(opts.consoleCertificateFiles ? { consoleCertificateFiles: opts.consoleCertificateFiles } : {}),
+    consoleCallbackProxy: opts.consoleCallbackProxy,
+    consoleProbeCacheMs: opts.consoleProbeCacheMs ?? 0,
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

@@ -2,7 +2,7 @@
 // URL its certificate covers, one source for the frontend certificate, and (the local stack's rule)
 // the stack's pods inside the proxy's pod networks.
 import { z } from "zod";
-import { cidrContains, parseCidr } from "../net/index.js";
+import { cidrContains, formatHostPort, parseCidr, parseHostPort } from "../net/index.js";
 import { cidr, dnsName, hostPort, seconds, section } from "./fields.js";
 import type { GlobalConfig } from "./global.js";
 import type { GrpcproxyConfig } from "./grpc-proxy.js";
@@ -21,6 +21,14 @@ export const workerCallbackProxySection = section({
   workerDomain: dnsName.default("worker.callplane.test"),
   listen: hostPort.default("127.0.0.1:10084"),
   metricsListen: hostPort.default("127.0.0.1:10083"),
+  // where the API probes the proxy's /health for the console's health page; empty: derived from
+  // metricsListen when that names a host the API can dial (one machine), else not probed
+  healthUrl: z
+    .string()
+    .default("")
+    .refine((v) => v === "" || /^https?:\/\/[^/]+\/health$/.test(v), {
+      message: "must be empty or an http(s) URL of the proxy's admin listener ending in /health",
+    }),
   podNetworks: z
     .array(
       cidr.refine((v) => Number(v.split("/")[1]) >= 8, {
@@ -62,6 +70,24 @@ export const workerCallbackProxySection = section({
 });
 
 export type WorkerCallbackProxyConfig = z.output<typeof workerCallbackProxySection>;
+
+/**
+ * Where the API asks the callback proxy's /health (the console's health page): healthUrl, or one
+ * derived from metricsListen when it names a host (not a wildcard such as a pod's 0.0.0.0); or
+ * why there is none. Undefined while the proxy is off.
+ */
+export function callbackProxyHealth(
+  p: WorkerCallbackProxyConfig,
+): { url: string } | { why: string } | undefined {
+  if (!p.enabled) return undefined;
+  if (p.healthUrl) return { url: p.healthUrl };
+  const admin = parseHostPort(p.metricsListen);
+  if (admin.host === "0.0.0.0" || admin.host === "::")
+    return {
+      why: `its admin listener (workerCallbackProxy.metricsListen ${p.metricsListen}) names no address the API can dial, and its Service carries the worker port only: set workerCallbackProxy.healthUrl to reach it`,
+    };
+  return { url: `http://${formatHostPort(admin)}/health` };
+}
 
 /** With the proxy, workers reach each pod through it: the split plane's worker URLs must be empty. */
 export function splitPlaneProblems(c: {

@@ -11,5 +11,5 @@ export { ADMISSION_WEBHOOK_STOP, COMPUTE_AGENT_ACCOUNT, computeAgentUsername } f
 export { configSchema, type Config, type ConfigInput } from "./schema.js";
 export { ConfigError, loadConfig, type LoadOptions } from "./loader.js";
 export { localNatsClusterProblems } from "./nats.js";
-export { localPodNetworkProblems } from "./callback-proxy.js";
+export { callbackProxyHealth, localPodNetworkProblems } from "./callback-proxy.js";
 export { databaseProblems } from "./api.js";

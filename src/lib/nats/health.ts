@@ -41,6 +41,11 @@ interface StreamDetail {
 }
 
 interface Jsz {
+  disabled?: boolean;
+  storage?: number;
+  streams?: number;
+  consumers?: number;
+  config?: { max_storage?: number };
   meta_cluster?: {
     name?: string;
     leader?: string;
@@ -63,6 +68,8 @@ export interface NatsServerHealth {
   routesTo: string[];
   /** The JetStream meta leader this server knows of. */
   metaLeader: string | undefined;
+  /** This server's JetStream: streams and consumers it holds, bytes stored and its storage limit. */
+  jetstream: { streams: number; consumers: number; storage: number; maxStorage: number } | undefined;
 }
 
 export interface NatsStreamHealth {
@@ -106,6 +113,16 @@ async function ask<T>(
   return out;
 }
 
+function jetstreamOf(j: Jsz | undefined): NatsServerHealth["jetstream"] {
+  if (!j || j.disabled) return undefined;
+  return {
+    streams: j.streams ?? 0,
+    consumers: j.consumers ?? 0,
+    storage: j.storage ?? 0,
+    maxStorage: j.config?.max_storage ?? 0,
+  };
+}
+
 /**
  * Asks every server for its health, routes and JetStream view. A server that does not answer
  * within `waitMs` is left out (and named in `problems` by count).
@@ -113,13 +130,17 @@ async function ask<T>(
 export async function natsClusterHealth(
   nc: NatsConnection,
   expected: number,
-  opts: { waitMs?: number } = {},
+  /**
+   * `streams: false` leaves each stream's replicas out (the JSZ answer then stays small however
+   * many work queues there are: the console's health page asks this way).
+   */
+  opts: { waitMs?: number; streams?: boolean } = {},
 ): Promise<NatsClusterHealth> {
   const waitMs = opts.waitMs ?? 2000;
   const [health, routes, jsz] = await Promise.all([
     ask<Healthz>(nc, "HEALTHZ", {}, expected, waitMs),
     ask<Routez>(nc, "ROUTEZ", {}, expected, waitMs),
-    ask<Jsz>(nc, "JSZ", { accounts: true, streams: true }, expected, waitMs),
+    ask<Jsz>(nc, "JSZ", opts.streams === false ? {} : { accounts: true, streams: true }, expected, waitMs),
   ]);
   const names = [...new Set([...health.keys(), ...routes.keys(), ...jsz.keys()])].sort();
   const servers: NatsServerHealth[] = names.map((name) => {
@@ -137,6 +158,7 @@ export async function natsClusterHealth(
         ...new Set((routes.get(name)?.data?.routes ?? []).map((r) => r.remote_name ?? r.remote_id)),
       ].sort(),
       metaLeader: jsz.get(name)?.data?.meta_cluster?.leader || undefined,
+      jetstream: jetstreamOf(jsz.get(name)?.data),
     };
   });
   const leaders = new Set(servers.map((s) => s.metaLeader));
@@ -212,4 +234,48 @@ export async function waitForNatsCluster(
       );
     await sleep(250);
   }
+}
+
+interface Connz {
+  connections?: Array<{ cid: number; name?: string; start?: string; subscriptions_list?: string[] }>;
+  total?: number;
+}
+
+/** One connection of an account, as the server that holds it lists it. */
+export interface AccountConnection {
+  server: string;
+  cid: number;
+  name: string | undefined;
+  start: string | undefined;
+  subscriptions: string[];
+}
+
+/**
+ * The connections of one account on every server (PING.CONNZ, which the API's SYS user may ask:
+ * the console's health page finds the auth callout this way, in AUTH, and its subscription to
+ * $SYS.REQ.USER.AUTH). `servers`: the servers that answered, by name.
+ */
+export async function accountConnections(
+  nc: NatsConnection,
+  account: string,
+  expected: number,
+  waitMs: number,
+): Promise<{ servers: string[]; connections: AccountConnection[] }> {
+  const replies = await ask<Connz>(
+    nc,
+    "CONNZ",
+    { acc: account, subscriptions: true, limit: 256 },
+    expected,
+    waitMs,
+  );
+  const connections = [...replies].flatMap(([server, r]) =>
+    (r.data?.connections ?? []).map((c) => ({
+      server,
+      cid: c.cid,
+      name: c.name,
+      start: c.start,
+      subscriptions: c.subscriptions_list ?? [],
+    })),
+  );
+  return { servers: [...replies.keys()].sort(), connections };
 }

@@ -3,9 +3,9 @@
 //        the workers;
 //   AUTH the auth callout service, alone;
 //   SYS  the system account (system_account), with two users: the API's revoker, which closes the
-//        connections of revoked workers (on whichever server of a cluster holds them), and the
-//        monitor, which reads the servers' health (the stack waiting for a cluster, `callplane nats
-//        status`) and may change nothing.
+//        connections of revoked workers (on whichever server of a cluster holds them) and reads the
+//        servers' health for the console, and the monitor, which reads the servers' health (the
+//        stack waiting for a cluster, `callplane nats status`) and may change nothing.
 // No user sits outside an account and nothing is anonymous (the config shape CVE-2023-47090 asks
 // for: no top-level `authorization { users }` beside the accounts, `system_account` set, never
 // `no_auth_user`). callplane's services are configured users that skip the auth callout; every other
@@ -97,6 +97,8 @@ export const SERVICE_ROLES = {
           "$JS.API.CONSUMER.INFO.*.*",
           "$JS.API.CONSUMER.CREATE.*.>",
           "$JS.API.CONSUMER.DURABLE.CREATE.*.*",
+          // the account's JetStream use and limits (the console's health page)
+          "$JS.API.INFO",
           ...Object.values(REGISTRY_BUCKETS).map((b) => `$JS.API.DIRECT.GET.KV_${b}.>`),
           subjects.consoleAll,
         ],
@@ -109,12 +111,22 @@ export const SERVICE_ROLES = {
    * The API's second connection, in SYS: finds and closes the connections of revoked workers. It
    * asks every server (PING.CONNZ), reads further pages of one server's list (<id>.CONNZ) and closes
    * a connection on the server that holds it (<id>.KICK: a connection id means something on one
-   * server only).
+   * server only). The console's health page reads through it what nats-monitor reads (each
+   * server's health, routes and JetStream) and the auth callout's connections (PING.CONNZ).
    */
   "api-revoker": {
     account: NATS_ACCOUNTS.sys,
     permissions: () => ({
-      publish: { allow: ["$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.CONNZ", "$SYS.REQ.SERVER.*.KICK"] },
+      publish: {
+        allow: [
+          "$SYS.REQ.SERVER.PING.CONNZ",
+          "$SYS.REQ.SERVER.*.CONNZ",
+          "$SYS.REQ.SERVER.*.KICK",
+          "$SYS.REQ.SERVER.PING.HEALTHZ",
+          "$SYS.REQ.SERVER.PING.ROUTEZ",
+          "$SYS.REQ.SERVER.PING.JSZ",
+        ],
+      },
       subscribe: { allow: [`${INBOX.service("api-revoker")}.>`] },
     }),
   },

@@ -8,7 +8,7 @@ import {
   SERVICE_SCOPES,
   type ServiceName,
 } from "../../lib/identity/index.js";
-import { ConfigError, databaseProblems, type Config } from "../../lib/config/index.js";
+import { callbackProxyHealth, ConfigError, databaseProblems, type Config } from "../../lib/config/index.js";
 import type { Logger } from "../../lib/log.js";
 import { createRegistry } from "../../lib/metrics.js";
 import { natsAccess, readWorkerSeed } from "../../lib/nats/index.js";
@@ -157,6 +157,7 @@ runService("api", async (config, logger) => {
       { name: "callback-proxy", file: config.workerCallbackProxy.tls.frontend.certFile },
       { name: "nats", file: config.nats.tls.certFile },
     ],
+    consoleCallbackProxy: callbackProxyHealth(config.workerCallbackProxy),
     logger,
     registry,
   });

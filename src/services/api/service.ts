@@ -72,6 +72,13 @@ export interface ApiServiceOptions {
    * callback proxy's and NATS's serving certificates, where the API can read them).
    */
   consoleCertificateFiles?: ReadonlyArray<{ name: string; file: string }>;
+  /**
+   * Where the console's health page asks the callback proxy's /health, or why it cannot
+   * (callbackProxyHealth of the configuration); undefined: the proxy is off.
+   */
+  consoleCallbackProxy?: { url: string } | { why: string } | undefined;
+  /** How long the health page keeps its probes' answers (5 s; tests 0). */
+  consoleProbeCacheMs?: number;
   logger?: Logger;
   registry?: Registry;
 }
@@ -134,6 +141,8 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   // ---- the operator console: HTML pages under /console for plane-wide admins
   const consolePages = addConsoleRoutes(router, deps, {
     certificateFiles: opts.consoleCertificateFiles ?? [],
+    callbackProxy: opts.consoleCallbackProxy,
+    ...(opts.consoleProbeCacheMs !== undefined ? { probeCacheMs: opts.consoleProbeCacheMs } : {}),
   });
 
   // bodies here are small JSON documents: a client that stops sending is cut off after 60 s

@@ -13,11 +13,16 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "../../lib/log.js";
 import type { Registry } from "../../lib/metrics.js";
+import type { JetStreamAccountStats } from "@nats-io/jetstream";
 import {
+  accountConnections,
+  type AccountConnection,
   closeConnections,
   connectNats,
   drainOrClose,
   NATS_ACCOUNTS,
+  natsClusterHealth,
+  type NatsClusterHealth,
   natsConnected,
   type NatsAccess,
   type QueueLimits,
@@ -139,11 +144,50 @@ export class WorkerTrust {
     return this.queues !== undefined && natsConnected(this.app);
   }
 
-  /** The APP connection and the server it is on now (the console's health page); undefined without NATS. */
-  natsServer(): { connected: boolean; version?: string; name?: string } | undefined {
+  /**
+   * The APP connection and the server it is on now, with what that server's INFO says of its
+   * cluster (the console's health page); undefined without NATS.
+   */
+  natsServer():
+    | { connected: boolean; version?: string; name?: string; cluster?: string; connectUrls: string[] }
+    | undefined {
     if (!this.opts.nats) return undefined;
     const info = this.app?.info;
-    return { connected: natsConnected(this.app), version: info?.version, name: info?.server_name };
+    return {
+      connected: natsConnected(this.app),
+      version: info?.version,
+      name: info?.server_name,
+      cluster: info?.cluster,
+      connectUrls: info?.connect_urls ?? [],
+    };
+  }
+
+  /** How many servers the NATS cluster has (nats.cluster.size); 0 without NATS. */
+  get natsServers(): number {
+    return this.opts.nats ? Math.max(1, this.opts.nats.servers ?? 1) : 0;
+  }
+
+  /**
+   * Every server's health, routes and JetStream, through the SYS connection (the console's health
+   * page: no stream details, so the answer stays small); undefined without it or while it is down.
+   */
+  async natsCluster(waitMs: number): Promise<NatsClusterHealth | undefined> {
+    if (!natsConnected(this.sys)) return undefined;
+    return natsClusterHealth(this.sys!, this.natsServers, { waitMs, streams: false });
+  }
+
+  /** The auth callout's connections (account AUTH) on every server; undefined without the SYS connection. */
+  async authCalloutConnections(
+    waitMs: number,
+  ): Promise<{ servers: string[]; connections: AccountConnection[] } | undefined> {
+    if (!natsConnected(this.sys)) return undefined;
+    return accountConnections(this.sys!, NATS_ACCOUNTS.auth, this.natsServers, waitMs);
+  }
+
+  /** The APP account's JetStream use and limits; undefined while NATS is not configured or not connected. */
+  async jetStreamAccount(): Promise<JetStreamAccountStats | undefined> {
+    if (!this.queues || !natsConnected(this.app)) return undefined;
+    return (await this.queues.manager()).getAccountInfo();
   }
 
   /** Checks the queue again even if this process remembers creating it (someone may have removed it). */

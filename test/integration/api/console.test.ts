@@ -8,13 +8,15 @@
 // health, live, request and functions pages, and a function's last hour on its page.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { test } from "node:test";
 import { handle as exampleHandler } from "../../../examples/inference-server.js";
 import { holderHex } from "../../../src/lib/ids.js";
+import { createCallbackProxy } from "../../../src/services/callback-proxy/service.js";
+import { freePort } from "../../testkit/plane.js";
 import { waitFor } from "../../testkit/client.js";
 import { startPlane } from "../../testkit/plane.js";
 import { testPki } from "../../testkit/tls.js";
@@ -63,6 +65,12 @@ const bearer = (token: string) => ({ authorization: `Bearer ${token}` });
 /** The opening tags of a table's rows that carry `attr` (the contract's data- attributes). */
 function rows(page: string, attr: string): string[] {
   return [...page.matchAll(new RegExp(`<tr\\s[^>]*${attr}="[^"]*"[^>]*>`, "g"))].map((m) => m[0]);
+}
+
+/** The detail cell (the last) of the first row of `component` on the health page. */
+function detailOf(page: string, component: string): string {
+  const cells = cellsOf(page, `data-component="${component}"`);
+  return cells[cells.length - 1] ?? "";
 }
 
 function attrOf(tag: string, name: string): string | undefined {
@@ -197,6 +205,33 @@ void test("the operator console", async (t) => {
     // the issuer is on in this API: its row is there
     assert.ok(byName.has("admin-issuer"));
     assert.match(p.text, /aria-current="page">Health/);
+    // NATS beyond the connection: the one server (healthy, JetStream on), the APP account's
+    // JetStream, and the auth callout the test's NATS runs, as the server sees it
+    const node = detailOf(p.text, "nats-node");
+    assert.equal(attrOf(byName.get("nats-node")!, "data-state"), "up", node);
+    assert.match(node, /^healthy; no cluster routes \(one server\); JetStream: \d+ streams, \d+ consumers, /);
+    assert.equal(attrOf(byName.get("jetstream")!, "data-state"), "up");
+    // the deployed version's work queue is one of the account's streams
+    assert.match(
+      detailOf(p.text, "jetstream"),
+      /^[1-9]\d* streams \(no account limit\), [1-9]\d* consumers, /,
+    );
+    assert.equal(attrOf(byName.get("auth-callout")!, "data-state"), "up");
+    assert.match(
+      detailOf(p.text, "auth-callout"),
+      /subscribed to \$SYS\.REQ\.USER\.AUTH \(as NATS sees it\); worker auth nkey/,
+    );
+    // the MEK provider: the file keyring, its one key primary, a round trip that works
+    assert.equal(attrOf(byName.get("mek-provider")!, "data-state"), "up");
+    assert.equal(attrOf(byName.get("mek-provider")!, "data-id"), "file");
+    assert.match(
+      detailOf(p.text, "mek-provider"),
+      /^keys \S+ \(primary\); wrapped and unwrapped a test key under /,
+    );
+    const ring = JSON.parse(readFileSync(api.mekFile, "utf8")) as { keys: Array<{ key: string }> };
+    for (const k of ring.keys) assert.ok(!p.text.includes(k.key), "no key material on the page");
+    // the callback proxy is off for this API: no row at all (not a red one)
+    assert.ok(!byName.has("callback-proxy"), "no callback proxy row while it is off");
   });
 
   await t.test(
@@ -725,3 +760,77 @@ void test(
     assert.equal(hour.errorRatio[0], null, "a minute with no request is a gap");
   },
 );
+
+void test("the health page asks the callback proxy's /health: up, draining, down; unknown when it cannot", async (t) => {
+  const pki = await testPki();
+  const front = await pki.issue(["*.worker.callplane.test"]);
+  const metricsPort = await freePort("127.0.0.1");
+  const proxy = await createCallbackProxy({
+    listen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
+    metricsListen: { host: "127.0.0.1", port: metricsPort },
+    serviceDomain: "nvcf.svc.cluster.local",
+    workerDomain: "worker.callplane.test",
+    podNetworks: ["127.0.1.0/24"],
+    upstreamTls: true,
+    podPort: 8443,
+    grpcPodPort: undefined,
+    frontend: { cert: front.certPem, key: front.keyPem },
+    podCa: pki.ca.certPem,
+    timeouts: { headersMs: 10_000, idleMs: 30_000, connectMs: 2000 },
+    maxHeaderBytes: 16 * 1024,
+    shutdownGraceMs: 5000,
+    onAccessLog: () => undefined,
+  });
+  await proxy.listen();
+  t.after(() => proxy.destroy());
+  const url = `http://127.0.0.1:${metricsPort}/health`;
+  const api = await startApi(t, { consoleCallbackProxy: { url } });
+  const admin = await api.adminToken();
+  const proxyRow = async () => {
+    const p = await get(`${api.url}/console/health`, bearer(admin));
+    assert.equal(p.status, 200, p.text);
+    const tag = rows(p.text, "data-component").find((r) => attrOf(r, "data-component") === "callback-proxy");
+    assert.ok(tag, p.text);
+    return {
+      state: attrOf(tag, "data-state"),
+      cells: cellsOf(p.text, 'data-component="callback-proxy"'),
+      page: p.text,
+    };
+  };
+
+  const up = await proxyRow();
+  assert.equal(up.state, "up", up.page);
+  assert.equal(up.cells[3], url, "the address asked");
+  assert.match(up.cells[4], /^\/health answered 200 in \d+ ms$/);
+  // no NATS here: one unknown NATS row, and no node or auth callout rows to fake
+  const components = new Map(rows(up.page, "data-component").map((r) => [attrOf(r, "data-component"), r]));
+  assert.equal(attrOf(components.get("nats")!, "data-state"), "unknown");
+  assert.ok(!components.has("auth-callout") && !components.has("nats-node") && !components.has("jetstream"));
+
+  // a drain: readiness withdrawn at once, HAProxy still serving for the drain delay
+  const closed = proxy.close(1000, 3000);
+  const draining = await waitFor(
+    "the draining proxy's row",
+    async () => {
+      const r = await proxyRow();
+      return r.state === "draining" && r;
+    },
+    2000,
+  );
+  assert.match(draining.cells[4], /^\/health answered 503: the proxy is draining/);
+
+  await closed;
+  const down = await proxyRow();
+  assert.equal(down.state, "down");
+  assert.match(down.cells[4], /^\/health unreachable: ECONNREFUSED$/);
+
+  // an address the API cannot dial (a pod's wildcard listener): unknown, with the reason
+  const k8s = await startApi(t, { consoleCallbackProxy: { why: "its admin listener names no address" } });
+  const p = await get(`${k8s.url}/console/health`, bearer(await k8s.adminToken()));
+  const tag = rows(p.text, "data-component").find((r) => attrOf(r, "data-component") === "callback-proxy");
+  assert.equal(attrOf(tag ?? "", "data-state"), "unknown", p.text);
+  assert.match(
+    cellsOf(p.text, 'data-component="callback-proxy"')[4],
+    /^not asked: its admin listener names no address$/,
+  );
+});

@@ -37,7 +37,7 @@ code, .id { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-si
 .state { font-weight: 600; }
 [data-state="up"] .state, .state-up { color: var(--up); }
 [data-state="down"] .state, .state-down { color: var(--down); }
-[data-state="degraded"] .state { color: var(--degraded); }
+[data-state="degraded"] .state, [data-state="draining"] .state { color: var(--degraded); }
 [data-state="unknown"] .state { color: var(--unknown); }
 .muted { color: var(--muted); }
 form.inline, form.scale, form.undeploy, form.revoke-identity { display: inline-flex; flex-wrap: wrap; gap: .3rem; align-items: center; margin: 0; }

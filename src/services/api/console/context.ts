@@ -1,6 +1,7 @@
 // What every console page works with: the API's own dependencies (store, auth, worker trust) and
 // where the replicas' reports come from.
 import type { ApiDeps } from "../routes/deps.js";
+import type { ProbeCache } from "./probe-cache.js";
 import type { ReportsSource } from "./reports.js";
 
 export interface ConsoleDeps {
@@ -12,6 +13,15 @@ export interface ConsoleDeps {
   replicaWaitMs: number;
   /** Certificate files the API can read (the stack CA, ...): the health page shows their expiry. */
   certificateFiles: ReadonlyArray<{ name: string; file: string }>;
+  /**
+   * Where the callback proxy's /health is (workerCallbackProxy.healthUrl or metricsListen), or why
+   * the API cannot ask it; undefined while the proxy is off (no row).
+   */
+  callbackProxy: { url: string } | { why: string } | undefined;
+  /** The health page's probes of other parts, kept a few seconds. */
+  probes: ProbeCache;
+  /** How long one probe may take. */
+  probeTimeoutMs: number;
 }
 
 export const PAGE_SIZE = 50;
@@ -29,4 +39,16 @@ export function formatAge(ms: number): string {
   const m = s / 60;
   if (m < 120) return `${m.toFixed(0)} min`;
   return `${(m / 60).toFixed(1)} h`;
+}
+
+export function formatBytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let v = n / 1024;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${v < 10 ? v.toFixed(1) : v.toFixed(0)} ${units[i]}`;
 }

@@ -1,16 +1,22 @@
 // The health page: one row per component, each with a state the API can tell from here: itself,
-// its database (one cheap read), its NATS connection, the admin token issuer (only when enabled),
-// each invocation and grpc-proxy replica (the registry buckets, and the invocation replicas' own
-// reports), each registered compute cluster.
+// its database (one cheap read), NATS (health-nats.ts: its connection, each server, JetStream, the
+// auth callout), the admin token issuer (only when enabled), each invocation and grpc-proxy replica
+// (the registry buckets, and the invocation replicas' own reports), the callback proxy
+// (health-proxy.ts: its /health, only when enabled), each registered compute cluster, the MEK
+// provider (health-mek.ts). Every probe of another part runs in parallel with a short deadline and
+// is kept a few seconds (probe-cache.ts).
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { html, type Html } from "./html.js";
 import { formatAge, type ConsoleDeps } from "./context.js";
+import { mekRows } from "./health-mek.js";
+import { natsRows } from "./health-nats.js";
+import { callbackProxyRows } from "./health-proxy.js";
 import type { RegistryEntry, ReplicaReport } from "./reports.js";
 
-type State = "up" | "down" | "degraded" | "unknown";
+type State = "up" | "down" | "degraded" | "draining" | "unknown";
 
-interface Row {
+export interface Row {
   component: string;
   id?: string;
   state: State;
@@ -40,18 +46,6 @@ async function databaseRow(c: ConsoleDeps): Promise<Row> {
   } catch (err) {
     return { component: "database", state: "down", detail: `a read failed: ${(err as Error).message}` };
   }
-}
-
-function natsRow(c: ConsoleDeps): Row {
-  const n = c.api.trust.natsServer();
-  if (!n) return { component: "nats", state: "unknown", detail: "NATS is not configured for this API" };
-  return {
-    component: "nats",
-    state: n.connected ? "up" : "down",
-    version: n.version,
-    where: n.name,
-    detail: n.connected ? "the API's connection is up" : "the API's connection is down (reconnecting)",
-  };
 }
 
 async function replicaRows(c: ConsoleDeps): Promise<Row[]> {
@@ -172,8 +166,15 @@ export async function healthRows(c: ConsoleDeps, host: string): Promise<Row[]> {
             },
       ]
     : [];
-  const [db, replicas, compute] = await Promise.all([databaseRow(c), replicaRows(c), computeRows(c)]);
-  return [api, db, natsRow(c), ...issuer, ...replicas, ...compute];
+  const [db, nats, replicas, proxy, compute, mek] = await Promise.all([
+    databaseRow(c),
+    natsRows(c),
+    replicaRows(c),
+    callbackProxyRows(c),
+    computeRows(c),
+    mekRows(c),
+  ]);
+  return [api, db, ...nats, ...issuer, ...replicas, ...proxy, ...compute, ...mek];
 }
 
 export function healthBody(rows: Row[]): Html {

@@ -30,6 +30,7 @@ import { layout, redirect, sendPage, type NavPage } from "./layout.js";
 import { LiveHub } from "./live-hub.js";
 import { checkRequestId, inflightRows, liveBody, requestBody } from "./live.js";
 import { logFilter, logsBody, LogStreams } from "./logs.js";
+import { ProbeCache } from "./probe-cache.js";
 import type { ReportsSource } from "./reports.js";
 
 export interface ConsoleOptions {
@@ -41,6 +42,12 @@ export interface ConsoleOptions {
   replicaWaitMs?: number;
   /** Certificate files whose expiry the health page shows (a missing file is left out). */
   certificateFiles?: ReadonlyArray<{ name: string; file: string }>;
+  /** The callback proxy's /health, or why it cannot be asked; undefined: the proxy is off (no row). */
+  callbackProxy?: { url: string } | { why: string } | undefined;
+  /** How long the health page keeps what it asked other parts (5 s; tests 0). */
+  probeCacheMs?: number;
+  /** How long one probe of another part may take (250 ms). */
+  probeTimeoutMs?: number;
 }
 
 export interface ConsoleRoutes {
@@ -104,6 +111,9 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
     startedAt: new Date(),
     replicaWaitMs: opts.replicaWaitMs ?? 300,
     certificateFiles: opts.certificateFiles ?? [],
+    callbackProxy: opts.callbackProxy,
+    probes: new ProbeCache(opts.probeCacheMs ?? 5000),
+    probeTimeoutMs: opts.probeTimeoutMs ?? 250,
   };
   const live = new LiveHub({
     render: async () => (await inflightRows(c)).text,

@@ -286,6 +286,34 @@ export class SecretStore {
     return this.decryptCounted(row);
   }
 
+  /**
+   * The provider as this replica holds it, from memory (no database read): its name, its keys,
+   * which is primary, how its last reload went. The console's health page shows it.
+   */
+  providerSummary(): {
+    name: string;
+    keyIds: string[];
+    primaryKid: string | undefined;
+    lastRefresh: { ok: boolean; at: string | undefined; error?: string };
+  } {
+    const p = this.keys.providerStatus();
+    return { name: p.name, keyIds: p.keyIds, primaryKid: this.keys.primaryKid, lastRefresh: p.lastRefresh };
+  }
+
+  /**
+   * Wraps and unwraps 32 random bytes under the primary MEK: whether the provider does its job now
+   * (for a plugin, a round trip to its KMS). Throws with the provider's reason.
+   */
+  async checkPrimaryMek(): Promise<string> {
+    const kid = this.keys.primaryKid;
+    if (!kid) throw new Error("no MEK is primary");
+    const probe = randomBytes(32);
+    const aad = Buffer.from("callplane-console-health-check");
+    const back = await this.provider.unwrap(kid, await this.provider.wrap(kid, probe, aad), aad);
+    if (!back.equals(probe)) throw new Error(`the ${this.provider.name} MEK provider unwrapped other bytes`);
+    return kid;
+  }
+
   /** The keys, the rotation, the replicas and the NEKs, for GET /v1/admin/secrets/keys. */
   async status() {
     const { storage, opts } = this;
