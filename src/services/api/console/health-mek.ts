@@ -3,7 +3,7 @@
 // (32 random bytes wrapped and unwrapped under the primary MEK, kept a few seconds) that shows the
 // provider does its job now. Key material never leaves the secret store.
 import type { ConsoleDeps } from "./context.js";
-import type { Row } from "./health.js";
+import type { Row } from "./health-row.js";
 import { withDeadline } from "./probe-cache.js";
 
 export async function mekRows(c: ConsoleDeps): Promise<Row[]> {

@@ -10,7 +10,7 @@
 //   connection with that subscription is what nats-server needs to hand it a login.
 // The cluster's answers are kept a few seconds (ProbeCache).
 import { formatBytes, type ConsoleDeps } from "./context.js";
-import type { Row } from "./health.js";
+import type { Row } from "./health-row.js";
 import { withDeadline } from "./probe-cache.js";
 
 const AUTH_SUBJECT = "$SYS.REQ.USER.AUTH";

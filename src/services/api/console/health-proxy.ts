@@ -3,7 +3,7 @@
 // 503 is a drain under way (the keeper withdrew readiness), no answer is down. Where the API cannot
 // reach that listener (a pod's wildcard address, no healthUrl), the row says so instead of guessing.
 import type { ConsoleDeps } from "./context.js";
-import type { Row } from "./health.js";
+import type { Row } from "./health-row.js";
 
 async function probe(url: string, timeoutMs: number): Promise<Row> {
   const started = Date.now();

@@ -12,18 +12,8 @@ import { formatAge, type ConsoleDeps } from "./context.js";
 import { mekRows } from "./health-mek.js";
 import { natsRows } from "./health-nats.js";
 import { callbackProxyRows } from "./health-proxy.js";
+import type { Row } from "./health-row.js";
 import type { RegistryEntry, ReplicaReport } from "./reports.js";
-
-type State = "up" | "down" | "degraded" | "draining" | "unknown";
-
-export interface Row {
-  component: string;
-  id?: string;
-  state: State;
-  version?: string | undefined;
-  where?: string | undefined;
-  detail: string;
-}
 
 function packageVersion(): string | undefined {
   // dist/src/services/api/console/ → the repository (or image) root
