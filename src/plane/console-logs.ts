@@ -1,9 +1,9 @@
 // The operator console's Logs question, on the wire and as a service answers it. The API asks
 // `callplane.console.logs` (services/api/replica-reports.ts) and every service that keeps recent
-// lines (lib/log-ring.ts) answers with those that match: the invocation and grpc-proxy replicas
-// (the callback proxy's keeper has no NATS connection; docs/operations.md says what is planned for
-// its access log). Lines travel as the service
-// wrote them (JSON objects); the API parses and merges them by time.
+// lines (lib/log-ring.ts) answers with those that match: the invocation and grpc-proxy replicas,
+// and the callback proxy's keeper with HAProxy's access-log ring
+// (services/callback-proxy/access-log-answers.ts). Lines travel as the service wrote them (JSON
+// objects); the API parses and merges them by time.
 //
 // callplane.console.logs   body ConsoleLogsQuery, every service replies a LogsReply
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";

@@ -6,7 +6,8 @@
 // Everything a test looks at is what an operator sees: pages found by the ids and data- attributes of
 // the console's contract, reached by links and forms, the login typed with the keyboard.
 // Besides the pages and actions: a function's last hour drawn by uPlot after some invocations, the
-// certificates (stack CA, each replica's) on the health page, and a deploy through the console.
+// certificates (stack CA, each replica's) on the health page, a deploy through the console, and the
+// callback proxy's access-log line of a request on the logs page.
 // Screenshots of every page go to .callplane/test-output/console/ (1280x800, and one at 390x844).
 // Addresses: services on 127.0.54.1, invocation replicas on 127.0.55.0/24, instances on
 // 127.0.56.0/24, grpc-proxy replicas on 127.0.57.0/24 (no other test file uses them).
@@ -673,6 +674,54 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
         await shownError(page),
       );
       assert.match(await text(page, "#error"), /requestId: "nope" is not a UUID/);
+    },
+  );
+
+  await t.test(
+    "the logs page shows the callback proxy's access line of a request whose answer went through it",
+    async () => {
+      // an answer larger than a NATS answer (64 KiB) is posted to request-attach through the proxy
+      const body = JSON.stringify({ pad: "x".repeat(100_000) });
+      const res = await request(`${info.invocation[0]}/v2/nvcf/pexec/functions/${info.demo.httpFunctionId}`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${info.demo.apiKey}`, "content-type": "application/json" },
+        body,
+      });
+      assert.equal(res.statusCode, 200);
+      assert.equal((await res.body.text()).length, body.length);
+      const requestId = String(res.headers["nvcf-reqid"]);
+      const proxyRows = page.locator('#logs tbody tr[data-service="callback-proxy"]');
+      await waitFor(
+        "the callback proxy's line on the logs page",
+        async () => {
+          await page.goto(`${consoleUrl}/logs?requestId=${requestId}`);
+          return (await proxyRows.count()) >= 1 || undefined;
+        },
+        { timeoutMs: 10_000, intervalMs: 300 },
+      );
+      const cells: string[][] = [];
+      for (let i = 0; i < (await proxyRows.count()); i++)
+        cells.push((await proxyRows.nth(i).locator("td").allTextContents()).map((c) => c.trim()));
+      // the worker's POST of the answer (and its GET of the body, when it fetched one)
+      const posted = cells.find((c) => /method=POST/.test(c[6]));
+      assert.ok(posted, cells.map((c) => c.join(" | ")).join("\n"));
+      assert.equal(posted[1], "callback-proxy");
+      assert.equal(posted[4], "callback");
+      assert.equal(posted[5], requestId, "the row links the request");
+      assert.match(posted[6], /path=\/v2\/nvcf\/worker\/request-attach/);
+      assert.match(posted[6], /target=[0-9-]+\.invocation\./);
+      assert.match(posted[6], /status=200/);
+      assert.match(posted[6], /outcome=forwarded/);
+      assert.match(posted[6], /durationMs=\d+/);
+      // the answer's 100 KB, head included
+      assert.match(posted[6], /bytesIn=1\d{5}\b/);
+      assert.equal(
+        await page
+          .locator(`#logs tbody tr[data-service="callback-proxy"] a[href="/console/requests/${requestId}"]`)
+          .count(),
+        cells.length,
+      );
+      await shot("logs-callback-proxy");
     },
   );
 

@@ -9,7 +9,9 @@
 // API socket in a shared emptyDir, so a renewal reaches new TLS sessions without a restart or a
 // dropped callback. On stop it withdraws HAProxy's readiness at once, while HAProxy itself keeps
 // taking callbacks for the drain delay (preStop) and then soft-stops (the image's stop signal is
-// SIGUSR1), letting what is in flight finish within hard-stop-after.
+// SIGUSR1), letting what is in flight finish within hard-stop-after. The keeper also answers the
+// operator console's logs question with HAProxy's access-log ring (read through the same socket),
+// over NATS with the `callback-proxy` nkey, the only key mounted in it.
 import { basename, dirname } from "node:path";
 import type { IContainer } from "kubernetes-models/v1";
 import { haproxyConfig } from "../../services/callback-proxy/haproxy-config.js";
@@ -23,8 +25,10 @@ import {
   container,
   hardened,
   healthProbes,
+  natsKeyVolume,
   podSpec,
   resources,
+  roleKey,
   stopSeconds,
   tlsVolume,
 } from "./pod.js";
@@ -119,11 +123,12 @@ export function renderCallbackProxy(k: RenderContext): K8sObject[] {
     securityContext: hardened(),
     volumeMounts: [{ name: "haproxy-config", mountPath: HAPROXY.configDir, readOnly: true }, ...certificates],
   };
+  const keys = natsKeyVolume(k, w, [roleKey("callback-proxy")]);
   const keeper = container(k, w, {
     name: "certificates",
     args: ["--runtime-api", HAPROXY.adminSocket],
     ports: [],
-    mounts: [...base.mounts, ...certificates],
+    mounts: [...base.mounts, ...certificates, keys.mount],
     // a Node process that watches two folders (about 90 MiB resident)
     resources: { requests: { cpu: "10m", memory: "96Mi" }, limits: { memory: "192Mi" } },
   });
@@ -134,6 +139,7 @@ export function renderCallbackProxy(k: RenderContext): K8sObject[] {
     [haproxy, keeper],
     [
       ...base.volumes,
+      keys.volume,
       caVolume(),
       tlsVolume("frontend-tls", frontendSecret),
       { name: "haproxy-config", configMap: { name: HAPROXY.configMap } },

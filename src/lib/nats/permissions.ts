@@ -194,6 +194,18 @@ export const SERVICE_ROLES = {
       };
     },
   },
+  /**
+   * The callback proxy's keeper: takes the console's logs question and answers it (once) with
+   * HAProxy's access-log ring. It asks nothing, so it publishes nothing else and needs no inbox.
+   */
+  "callback-proxy": {
+    account: NATS_ACCOUNTS.app,
+    permissions: () => ({
+      publish: { allow: [] },
+      subscribe: { allow: [subjects.consoleLogs] },
+      allowResponses: true,
+    }),
+  },
   /** The auth callout: receives the server's authorization requests and answers them. */
   "nats-auth-callout": {
     account: NATS_ACCOUNTS.auth,

@@ -139,6 +139,12 @@ runService("api", async (config, logger) => {
         app: natsAccess(config, "api"),
         sys: natsAccess(config, "api-revoker"),
         servers: config.nats.cluster.size,
+        // the callback proxies' keepers answer the logs question too (not known when autoscaled)
+        callbackProxies: !config.workerCallbackProxy.enabled
+          ? 0
+          : config.workerCallbackProxy.autoscaling.enabled
+            ? undefined
+            : config.workerCallbackProxy.replicaCount,
       },
       workerAuth,
       // token mode: the API does not hold the shared worker key at all, so it cannot hand it out

@@ -1,7 +1,8 @@
 // The operator console's view of the replicas, asked over the API's NATS connection (APP): what
 // every invocation replica holds now (callplane.console.inflight, one reply per replica), how one
 // request went (callplane.console.request.<holder>: the replica its id names), every service's
-// recent log lines (callplane.console.logs, plane/console-logs.ts), and which replicas are live (the registry buckets, read directly). The replicas' side is
+// recent log lines (callplane.console.logs, plane/console-logs.ts: the replicas' and the callback
+// proxies' access logs), and which replicas are live (the registry buckets, read directly). The replicas' side is
 // services/invocation/console-report.ts; the shapes are plane/console-wire.ts.
 import type { Msg, NatsConnection } from "@nats-io/transport-node";
 import { holderHex, holderOf } from "../../lib/ids.js";
@@ -47,6 +48,11 @@ export class ReplicaReports {
   constructor(
     private readonly nc: NatsConnection,
     private readonly logger: Logger,
+    /**
+     * Callback proxies that answer the logs question besides the registered replicas (they are in
+     * no registry); undefined when not known, and the logs question then spends its whole wait.
+     */
+    private readonly callbackProxies: number | undefined = 0,
   ) {}
 
   /**
@@ -103,15 +109,17 @@ export class ReplicaReports {
   }
 
   /**
-   * Recent log lines of every service that keeps them (invocation and grpc-proxy replicas),
-   * filtered by the query, from those that answer within `waitMs` (default 300). The whole wait is
-   * spent: a grpc-proxy replica is in its registry only while relay is on, so no count is known.
+   * Recent log lines of every service that keeps them (invocation and grpc-proxy replicas, and the
+   * callback proxies' access logs), filtered by the query, from those that answer within `waitMs`
+   * (default 300). The wait ends early once every registered replica and as many callback proxies
+   * as configured have answered.
    */
   async logs(query: ConsoleLogsQuery, waitMs = 300): Promise<LogsReply[]> {
     if (!natsConnected(this.nc)) return [];
     const replies: LogsReply[] = [];
-    // invocation and grpc-proxy replicas answer: as soon as every registered one has, the wait ends
-    const expected = await this.expectedReplicas("all");
+    const registered = await this.expectedReplicas("all");
+    const expected =
+      registered > 0 && this.callbackProxies !== undefined ? registered + this.callbackProxies : 0;
     try {
       const answers = await this.nc.requestMany(subjects.consoleLogs, JSON.stringify(query), {
         maxWait: waitMs,

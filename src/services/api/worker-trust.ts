@@ -45,7 +45,17 @@ export interface WorkerTrustOptions {
    * out. `servers`: how many servers the cluster has (nats.cluster.size), each asked for the
    * connections it holds.
    */
-  nats?: { app: NatsAccess; sys?: NatsAccess; servers?: number };
+  nats?: {
+    app: NatsAccess;
+    sys?: NatsAccess;
+    servers?: number;
+    /**
+     * How many callback proxies answer the console's logs question besides the registered
+     * replicas (default 0); undefined when not known (autoscaled): that question then spends its
+     * whole wait.
+     */
+    callbackProxies?: number | undefined;
+  };
   workerAuth: WorkerAuthMode;
   /** nkey mode: the shared worker nkey seed (read when asked, so a rotation is picked up). */
   workerNkeySeed?: () => string;
@@ -97,7 +107,7 @@ export class WorkerTrust {
     if (!this.opts.nats) return;
     this.app = await connectNats(this.opts.nats.app, "api", this.logger, this.registry);
     this.queues = new WorkQueues(this.app, this.opts.region, this.opts.queue);
-    this.reports = new ReplicaReports(this.app, this.logger);
+    this.reports = new ReplicaReports(this.app, this.logger, this.opts.nats.callbackProxies ?? 0);
     if (this.opts.nats.sys) this.sys = await connectNats(this.opts.nats.sys, "api-revoker", this.logger);
   }
 

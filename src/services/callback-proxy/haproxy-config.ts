@@ -10,12 +10,17 @@
 //   be reached);
 // - what HAProxy's parser refuses before any rule runs gets a fixed answer file
 //   (haproxy-parser-errors.ts);
-// - one JSON access-log line per callback on standard output, naming the worker and the pod
-//   (haproxy-access-log.ts);
+// - one JSON access-log line per callback on standard output, naming the worker, the pod and the
+//   request, and the last of them in a 1 MB ring the console reads (haproxy-access-log.ts);
 // - a plain admin listener: /health (503 from the moment a drain begins) and /metrics (HAProxy's
 //   Prometheus exporter).
 import { formatHostPort } from "../../lib/net/index.js";
-import { accessLogFormat } from "./haproxy-access-log.js";
+import {
+  accessLogFormat,
+  accessLogRingLines,
+  accessLogTargets,
+  requestIdLines,
+} from "./haproxy-access-log.js";
 import { backendLines, forwardLines, gatewayAnswerLines } from "./haproxy-backends.js";
 import { checkLines } from "./haproxy-checks.js";
 import type { HaproxyConfigOptions } from "./haproxy-options.js";
@@ -30,7 +35,7 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
   const lines = [
     "# written by callplane from its configuration (src/services/callback-proxy/haproxy-config.ts)",
     "global",
-    "  log stdout format raw local0 info",
+    ...accessLogTargets(),
     `  stats socket ${o.files.adminSocket} mode 600 level admin`,
     `  hard-stop-after ${seconds(o.shutdownGraceMs)}`,
     ...(o.threads ? [`  nbthread ${o.threads}`] : []),
@@ -44,6 +49,7 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
     ...(o.files.frontendKeyBeside ? ["  ssl-load-extra-del-ext", "  ssl-load-extra-files key"] : []),
     "  ssl-server-verify required",
     "",
+    ...accessLogRingLines(),
     "defaults",
     "  mode http",
     "  log global",
@@ -68,6 +74,7 @@ export function haproxyConfig(o: HaproxyConfigOptions): string {
     `  log-format '${accessLogFormat()}'`,
     ...checkLines(o),
     ...forwardLines(o),
+    ...requestIdLines(),
     ...gatewayAnswerLines(),
 
     // draining (readiness withdrawn): every answer asks the worker to take its next callback

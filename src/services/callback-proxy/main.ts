@@ -2,7 +2,11 @@
 // keeps it (service.ts). With `--runtime-api <socket>` it is the certificate keeper beside an
 // HAProxy that runs on its own (a Kubernetes pod's haproxy container, configured from the rendered
 // ConfigMap): it watches the same certificate files and replaces them in HAProxy through the
-// runtime API, and when the pod stops it withdraws HAProxy's readiness at once.
+// runtime API, and when the pod stops it withdraws HAProxy's readiness at once. Either way it
+// answers the operator console's logs question with HAProxy's access-log ring
+// (access-log-answers.ts), over a NATS connection of its own when it has one.
+import { hostname } from "node:os";
+import { natsAccess } from "../../lib/nats/index.js";
 import { parseHostPort } from "../../lib/net/index.js";
 import { runService, type Running } from "../../lib/process/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
@@ -10,6 +14,7 @@ import { createRegistry } from "../../lib/metrics.js";
 import { READY_SERVER } from "./haproxy-config.js";
 import { haproxySettings } from "./haproxy-options.js";
 import { HaproxyRuntime } from "./haproxy.js";
+import { answerAccessLogQuestions } from "./access-log-answers.js";
 import { createCallbackProxy, frontendPem } from "./service.js";
 
 function runtimeApiFromArgs(argv = process.argv.slice(2)): string | undefined {
@@ -32,6 +37,14 @@ runService(
     // the reloads are logged; HAProxy's own exporter serves the proxy's metrics
     const registry = createRegistry("callback-proxy");
     const socket = runtimeApiFromArgs();
+    const accessLog = (adminSocket: string) =>
+      answerAccessLogQuestions({
+        nats: () => natsAccess(config, "callback-proxy"),
+        adminSocket,
+        // on Kubernetes the pod's name (the Downward API), else the host and pid
+        replica: process.env.POD_NAME || `${hostname()}:${process.pid}`,
+        logger,
+      });
     if (socket) {
       // HAProxy loaded these very files (the same mounts); they are replaced under the same names
       const runtime = new HaproxyRuntime(socket, logger);
@@ -52,6 +65,7 @@ runService(
       // the reloaders' watches and poll do not hold the process open: this does, until the stop
       const hold = setInterval(() => undefined, 2 ** 30);
       logger.info({ socket }, "keeping the certificates of the callback proxy's HAProxy");
+      const answers = accessLog(socket);
       const running: Running = {
         urls: {},
         async close() {
@@ -62,11 +76,13 @@ runService(
           await runtime
             .withdrawReadiness(READY_SERVER)
             .catch((err: unknown) => logger.warn({ err }, "callback proxy readiness not withdrawn"));
+          await answers.close();
         },
         destroy: () => {
           clearInterval(hold);
           frontend.close();
           podCa.close();
+          void answers.close();
         },
       };
       return running;
@@ -92,14 +108,18 @@ runService(
       logger,
     });
     const urls = await proxy.listen();
+    const answers = accessLog(proxy.adminSocket);
     return {
       urls: { proxy: urls.proxy.origin, metrics: urls.metrics.origin },
       async close(g, delay) {
         frontend.close();
         podCa.close();
-        await proxy.close(g, delay);
+        await Promise.all([answers.close(), proxy.close(g, delay)]);
       },
-      destroy: () => proxy.destroy(),
+      destroy: () => {
+        void answers.close();
+        proxy.destroy();
+      },
     };
   },
   {

@@ -206,7 +206,12 @@ export async function attachResponse(replica: ReplicaState, ctx: RequestContext)
     return;
   }
   await endAnswer(replica, p);
-  res.writeHead(200, { "content-type": "application/json", "content-length": 2 });
+  // the request named on the answer, as on the GET's: the callback proxy's access line carries it
+  res.writeHead(200, {
+    "content-type": "application/json",
+    "content-length": 2,
+    [NVCF_HEADERS.reqId]: p.requestId,
+  });
   res.end("{}");
 }
 

@@ -1,5 +1,5 @@
 // The logs page: the recent log lines of every service that keeps them (the invocation and
-// grpc-proxy replicas; not yet the callback proxy, whose keeper has no NATS connection), asked over NATS (callplane.console.logs,
+// grpc-proxy replicas, and the callback proxy's access log), asked over NATS (callplane.console.logs,
 // plane/console-logs.ts), filtered by request id and/or function id, merged by time, newest first.
 // Live updates are server-sent events from one shared poll per filter (live-hub.ts): clients that
 // watch the same filter share one poll, and at most LOG_STREAMS filters are watched at once.
@@ -75,7 +75,8 @@ const DETAIL_CHARS = 300;
 function detailOf(o: Record<string, unknown>): string {
   const parts: string[] = [];
   for (const [k, v] of Object.entries(o)) {
-    if (SHOWN.has(k) || v === "" || v === undefined || v === null) continue;
+    // "-" is HAProxy's mark for a value its access-log line did not have
+    if (SHOWN.has(k) || v === "" || v === "-" || v === undefined || v === null) continue;
     // an error's message, not its stack
     const value =
       k === "err" && typeof v === "object" && typeof (v as { message?: unknown }).message === "string"
@@ -111,7 +112,8 @@ function rowsOf(reply: LogsReply): Row[] {
             ? o.level
             : "",
       msg: typeof o.msg === "string" ? o.msg : "",
-      requestId: typeof o.requestId === "string" ? o.requestId : undefined,
+      // a link only for an id (the access log's "-" names no request)
+      requestId: typeof o.requestId === "string" && REQUEST_ID.test(o.requestId) ? o.requestId : undefined,
       detail: detailOf(o),
     });
   }
@@ -190,10 +192,11 @@ export async function logsBody(c: ConsoleDeps, f: LogFilter): Promise<Html> {
     </form>
     <p class="muted" aria-live="polite">
       <span id="logs-status">as of page load</span>: the newest ${LOGS_LIMIT} lines of the invocation and
-      grpc-proxy replicas, newest first. Each service keeps its last
-      ${RECENT_LOG_LINES.toLocaleString("en-US")} lines at its log level; a filter finds the lines that name
-      the request or the function (a request that went well leaves no line at level info). The callback
-      proxy's access log is not here yet.
+      grpc-proxy replicas and the callback proxy's access log, newest first. Each replica keeps its last
+      ${RECENT_LOG_LINES.toLocaleString("en-US")} lines at its log level, the callback proxy its last 1 MB of
+      callbacks; a filter finds the lines that name the request or the function (a request that went well
+      leaves no replica line at level info; its callbacks through the proxy name the request, not the
+      function).
     </p>
     <div class="table-wrap">
       <table id="logs" data-events="/console/logs/events${filterQuery(f)}">
