@@ -150,7 +150,26 @@ async function main(): Promise<void> {
   }
   await stack.startService("nats-auth-callout", "nats-auth-callout");
   say(`nats-auth-callout answering nats-server's auth callout (logs/nats-auth-callout.log)`);
-  const api = (await stack.startService("api", "api")).api;
+  // Tracing: unset in the file (observability.tracing.enabled: null), the stack turns it on for its
+  // own services and workers, with spans in a file under the data folder that `callplane trace` reads,
+  // recording 1% of the requests that come without a sampled traceparent (a client that sends one,
+  // as the demo does, has its request traced): at ratio 1 a saturated stack spends a tenth of its
+  // CPU on spans. The API is told too: it records no spans, but its console reads a request's from
+  // the file.
+  const tracing = config.observability.tracing;
+  const spanFile =
+    tracing.enabled === false
+      ? undefined
+      : tracing.file || (tracing.enabled === null ? join(stack.dataDir, "traces", "spans.jsonl") : undefined);
+  const tracingEnv: Record<string, string> =
+    tracing.enabled === null
+      ? {
+          CALLPLANE__OBSERVABILITY__TRACING__ENABLED: "true",
+          CALLPLANE__OBSERVABILITY__TRACING__SAMPLE_RATIO: String(STACK_SAMPLE_RATIO),
+          ...(tracing.file ? {} : { CALLPLANE__OBSERVABILITY__TRACING__FILE: spanFile! }),
+        }
+      : {};
+  const api = (await stack.startService("api", "api", tracingEnv)).api;
   say(`api           ${api}`);
   const consoleUrl = `${api}/console/`;
   say(`console       ${consoleUrl}   (the operator console: log in with an admin token)`);
@@ -172,25 +191,7 @@ async function main(): Promise<void> {
     config.invocation.metricsOnClientPort === null
       ? { CALLPLANE__INVOCATION__METRICS_ON_CLIENT_PORT: "true" }
       : {};
-  // Tracing: unset in the file (observability.tracing.enabled: null), the stack turns it on for its
-  // own services and workers, with spans in a file under the data folder that `callplane trace` reads,
-  // recording 1% of the requests that come without a sampled traceparent (a client that sends one,
-  // as the demo does, has its request traced): at ratio 1 a saturated stack spends a tenth of its
-  // CPU on spans.
-  const tracing = config.observability.tracing;
   const perReplica = warmupInvocations();
-  const spanFile =
-    tracing.enabled === false
-      ? undefined
-      : tracing.file || (tracing.enabled === null ? join(stack.dataDir, "traces", "spans.jsonl") : undefined);
-  const tracingEnv: Record<string, string> =
-    tracing.enabled === null
-      ? {
-          CALLPLANE__OBSERVABILITY__TRACING__ENABLED: "true",
-          CALLPLANE__OBSERVABILITY__TRACING__SAMPLE_RATIO: String(STACK_SAMPLE_RATIO),
-          ...(tracing.file ? {} : { CALLPLANE__OBSERVABILITY__TRACING__FILE: spanFile! }),
-        }
-      : {};
   for (const [i, ip] of replicaIps.entries()) {
     const urls = await stack.startService(`invocation-${i + 1}`, "invocation", {
       POD_IP: ip,

@@ -12,6 +12,7 @@
 // Addresses: services on 127.0.54.1, invocation replicas on 127.0.55.0/24, instances on
 // 127.0.56.0/24, grpc-proxy replicas on 127.0.57.0/24 (no other test file uses them).
 import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
 import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -418,6 +419,37 @@ test("the operator console, in Debian's chromium, against the local stack", asyn
     // the legend names the series
     assert.match(await text(page, "#graph-latency"), /p99 ms/);
     await shot("function-graphs");
+  });
+
+  await t.test("a traced request's page shows its trace, span by span", async () => {
+    // a sampled traceparent: recorded whatever the stack's ratio for requests that come without one
+    const clientTrace = randomBytes(16).toString("hex");
+    const res = await request(`${info.invocation[0]}/v2/nvcf/pexec/functions/${info.demo.httpFunctionId}`, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${info.demo.apiKey}`,
+        "content-type": "application/json",
+        traceparent: `00-${clientTrace}-00f067aa0ba902b7-01`,
+      },
+      body: JSON.stringify({ traced: true }),
+    });
+    await res.body.text();
+    assert.equal(res.statusCode, 200);
+    const requestId = String(res.headers["nvcf-reqid"]);
+    // spans are written about a second after they end: the page is loaded again until they are
+    const deadline = Date.now() + 15_000;
+    for (;;) {
+      await page.goto(`${consoleUrl}/requests/${requestId}`);
+      if ((await page.locator(`table.trace[data-trace-id="${clientTrace}"]`).count()) > 0) break;
+      assert.ok(Date.now() < deadline, `no trace on the request page: ${await text(page, "main")}`);
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    const rows = page.locator("table.trace tbody tr");
+    const services: string[] = [];
+    for (let n = 0; n < (await rows.count()); n++)
+      services.push((await rows.nth(n).getAttribute("data-service")) ?? "");
+    assert.ok(services.includes("invocation") && services.includes("worker"), services.join(", "));
+    await shot("request-trace");
   });
 
   let neverReady = { id: "", versionId: "" };

@@ -98,6 +98,8 @@ export interface StartApiOptions {
   consoleCallbackProxy?: { url: string } | { why: string };
   /** How long the console's health page keeps its probes (0 here unless given: tests see changes at once). */
   consoleProbeCacheMs?: number;
+  /** Where the console's request page reads spans (unset: tracing off). */
+  consoleTraces?: { file: string } | { queryUrl: string };
 }
 
 /** Starts the control-plane API in this process on 127.0.0.1:0 with a fresh SQLite store and keys. */
@@ -161,6 +163,7 @@ export async function startApi(t: Ctx, opts: StartApiOptions = {}): Promise<ApiF
     ...(opts.consoleCertificateFiles ? { consoleCertificateFiles: opts.consoleCertificateFiles } : {}),
     consoleCallbackProxy: opts.consoleCallbackProxy,
     consoleProbeCacheMs: opts.consoleProbeCacheMs ?? 0,
+    consoleTraces: opts.consoleTraces,
     workerTrust: {
       region: opts.region ?? "test",
       queue: {

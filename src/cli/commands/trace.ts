@@ -10,7 +10,7 @@ import type { Command } from "commander";
 // (the modules themselves, not lib/tracing's index: the CLI loads neither NATS nor OpenTelemetry)
 import type { SpanRecord } from "../../lib/tracing/otlp-json.js";
 import { queryRequestSpans, TraceQueryError } from "../../lib/tracing/query.js";
-import { readSpanFile } from "../../lib/tracing/span-file.js";
+import { requestSpansInFile } from "../../lib/tracing/span-file.js";
 import { timelineLines, tracesOfRequest, type TraceView } from "../../lib/tracing/timeline.js";
 import { CliError, usageError } from "../errors.js";
 import { UUID } from "../functions.js";
@@ -49,7 +49,7 @@ function sourceOf(o: TraceOptions, s: Settings): Source {
 }
 
 async function read(src: Source, requestId: string): Promise<SpanRecord[]> {
-  if (src.kind === "file") return readSpanFile(src.where.value);
+  if (src.kind === "file") return requestSpansInFile(src.where.value, requestId);
   try {
     return await queryRequestSpans(src.where.value, requestId);
   } catch (err) {

@@ -9,7 +9,13 @@ import type { Tracing, TracingOptions } from "./tracing.js";
 export type { TraceHeaders, TraceSpan, Tracing, TracingOptions, TracingSettings } from "./tracing.js";
 export { ATTR, KIND, MESSAGING_SYSTEM, WORK_SUBJECT_TEMPLATE } from "./names.js";
 export { decodeTraces, hexId, type SpanRecord } from "./otlp-json.js";
-export { SpanFileExporter, decodeSpanLine, readSpanFile, spanLines } from "./span-file.js";
+export {
+  SpanFileExporter,
+  decodeSpanLine,
+  readSpanFile,
+  requestSpansInFile,
+  spanLines,
+} from "./span-file.js";
 export { formatDuration, timelineLines, tracesOfRequest, type TraceView } from "./timeline.js";
 export { TraceQueryError, queryRequestSpans } from "./query.js";
 export { TRACING_ENV, tracingFromEnv, tracingSettings, tracingWorkerEnv } from "./settings.js";

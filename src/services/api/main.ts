@@ -164,6 +164,7 @@ runService("api", async (config, logger) => {
       { name: "nats", file: config.nats.tls.certFile },
     ],
     consoleCallbackProxy: callbackProxyHealth(config.workerCallbackProxy),
+    consoleTraces: consoleTraceSource(config),
     logger,
     registry,
   });
@@ -179,3 +180,10 @@ runService("api", async (config, logger) => {
     destroy: () => api.destroy(),
   };
 });
+
+/** Where the console reads a request's spans: the span file while tracing writes one, else the query API. */
+function consoleTraceSource(config: Config): { file: string } | { queryUrl: string } | undefined {
+  const t = config.observability.tracing;
+  if (t.enabled === true && t.file) return { file: t.file };
+  return t.queryUrl ? { queryUrl: t.queryUrl } : undefined;
+}

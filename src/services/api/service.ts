@@ -79,6 +79,8 @@ export interface ApiServiceOptions {
   consoleCallbackProxy?: { url: string } | { why: string } | undefined;
   /** How long the health page keeps its probes' answers (5 s; tests 0). */
   consoleProbeCacheMs?: number;
+  /** Where the console's request page reads a request's spans (consoleTraceSource of the config). */
+  consoleTraces?: { file: string } | { queryUrl: string } | undefined;
   logger?: Logger;
   registry?: Registry;
 }
@@ -142,6 +144,7 @@ export function createApiService(opts: ApiServiceOptions): ApiService {
   const consolePages = addConsoleRoutes(router, deps, {
     certificateFiles: opts.consoleCertificateFiles ?? [],
     callbackProxy: opts.consoleCallbackProxy,
+    traces: opts.consoleTraces,
     ...(opts.consoleProbeCacheMs !== undefined ? { probeCacheMs: opts.consoleProbeCacheMs } : {}),
   });
 

@@ -4,60 +4,13 @@
 // its offset, duration, service and name, children under their parent. Also: JSON output, the
 // stack.json that `npm start` writes naming the file, and the refusals.
 import assert from "node:assert/strict";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { appendFileSync, mkdirSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { randomUUID } from "node:crypto";
-import {
-  decodeTraces,
-  KIND,
-  readSpanFile,
-  startTracing,
-  tracePublish,
-  traceWork,
-  type TracingSettings,
-} from "../../../src/lib/tracing/index.js";
+import { ATTR, decodeTraces, readSpanFile, requestSpansInFile } from "../../../src/lib/tracing/index.js";
 import { runCli, tmpDir } from "../../testkit/index.js";
-
-const FID = "5f0e7c39-3f4a-4c43-9b39-6a5f1b1d2a10";
-const FVID = "0b8d9a52-8e3c-4d57-a8d2-3d3f5f6b9e21";
-
-/** Writes one invocation's spans (replica, publish, worker, inference call, callback, attach) to `file`. */
-async function writeTrace(file: string, requestId: string, clientTraceparent?: string): Promise<string> {
-  const settings: TracingSettings = { endpoint: "", sampleRatio: 1, file };
-  const invocation = await startTracing({ service: "invocation", settings });
-  const worker = await startTracing({ service: "worker", settings });
-  const server = invocation
-    .continueFrom(
-      clientTraceparent ? { traceparent: clientTraceparent } : {},
-      "POST /v2/nvcf/pexec/functions/:fid",
-      KIND.SERVER,
-    )
-    .identify(requestId, FID, FVID);
-  const { span: publish, headers } = tracePublish(server, "local", FVID, requestId, 120);
-  publish.end();
-  const work = traceWork(
-    worker,
-    headers,
-    { region: "local", functionId: FID, functionVersionId: FVID },
-    "c",
-  ).identify(requestId);
-  const call = work.child("POST /echo", KIND.CLIENT);
-  await new Promise((r) => setTimeout(r, 5));
-  call.end();
-  const out: Record<string, string> = {};
-  const cb = work.child("POST request-attach", KIND.CLIENT);
-  cb.inject(out);
-  const attach = invocation
-    .continueFrom(out, "POST /v2/nvcf/worker/request-attach", KIND.SERVER)
-    .identify(requestId);
-  attach.end();
-  cb.end();
-  work.end();
-  server.end();
-  await Promise.all([invocation.shutdown(), worker.shutdown()]);
-  return server.traceId;
-}
+import { TRACE_FVID as FVID, writeTrace } from "../../testkit/traces.js";
 
 test("callplane trace shows a request's spans from a span file as a timeline", async (t) => {
   const dir = tmpDir(t);
@@ -123,6 +76,45 @@ test("callplane trace finds the span file the local stack names in stack.json, a
   assert.match(r.stdout, new RegExp(`^trace ${clientTrace} `));
   // the client's own span is not in the file: the replica's span is the root shown
   assert.match(r.stdout.split("\n")[2], /\| {2}POST \/v2\/nvcf\/pexec\/functions\/:fid$/);
+});
+
+test("a request's spans are found by a search of the span file and the one it rotated to", async (t) => {
+  const dir = tmpDir(t);
+  const file = join(dir, "spans.jsonl");
+  const older = randomUUID();
+  const olderTrace = await writeTrace(file, older);
+  renameSync(file, `${file}.1`);
+  const requestId = randomUUID();
+  const traceId = await writeTrace(file, requestId);
+  await writeTrace(file, randomUUID());
+  // a span of the same trace from a service that does not name the request (an inference server)
+  const inference = {
+    v: 1,
+    resource: { "service.name": "inference" },
+    spans: [{ traceId, spanId: "1111222233334444", name: "infer", kind: 1, start: "1", end: "2" }],
+  };
+  appendFileSync(file, `${JSON.stringify(inference)}\n`);
+  const all = readSpanFile(file);
+  assert.equal(all.length, 19, "three traces of six spans and one more, in the file and its .1");
+  // what the search finds is what parsing everything finds, for each request
+  for (const [id, trace] of [
+    [requestId, traceId],
+    [older, olderTrace],
+  ]) {
+    const found = requestSpansInFile(file, id);
+    const expected = all.filter((s) => s.traceId === trace);
+    assert.deepEqual(
+      found.map((s) => s.spanId).sort(),
+      expected.map((s) => s.spanId).sort(),
+      "every span of the request's trace, the ones that do not name the request too",
+    );
+  }
+  assert.ok(
+    requestSpansInFile(file, requestId).some((s) => s.attributes[ATTR.requestId] === undefined),
+    "a span of the trace that does not name the request is found through its trace id",
+  );
+  assert.deepEqual(requestSpansInFile(file, randomUUID()), []);
+  assert.deepEqual(requestSpansInFile(join(dir, "absent.jsonl"), requestId), []);
 });
 
 test("callplane trace refuses what it cannot show, saying why", async (t) => {

@@ -60,6 +60,15 @@ dd { margin: 0; }
 #logs [data-level="warn"] .level { color: var(--degraded); }
 #logs [data-level="error"] .level, #logs [data-level="fatal"] .level { color: var(--down); }
 #logs time { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: nowrap; }
+table.trace .depth-0 { padding-left: 0.5rem; }
+table.trace .depth-1 { padding-left: 1.5rem; }
+table.trace .depth-2 { padding-left: 2.5rem; }
+table.trace .depth-3 { padding-left: 3.5rem; }
+table.trace .depth-4 { padding-left: 4.5rem; }
+table.trace .depth-5 { padding-left: 5.5rem; }
+table.trace .depth-6 { padding-left: 6.5rem; }
+table.trace .depth-7 { padding-left: 7.5rem; }
+table.trace .depth-8 { padding-left: 8.5rem; }
 .graphs { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 380px), 1fr)); gap: 1rem; margin: 0 0 1rem; }
 figure.graph { margin: 0; min-width: 0; }
 figure.graph figcaption { font-weight: 600; color: var(--muted); margin: 0 0 .3rem; }

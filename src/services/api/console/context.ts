@@ -4,6 +4,9 @@ import type { ApiDeps } from "../routes/deps.js";
 import type { ProbeCache } from "./probe-cache.js";
 import type { ReportsSource } from "./reports.js";
 
+/** Where a request's spans are read from (request-trace.ts); undefined while tracing is off. */
+export type TraceSource = { file: string } | { queryUrl: string } | undefined;
+
 export interface ConsoleDeps {
   api: ApiDeps;
   reports: ReportsSource;
@@ -22,6 +25,8 @@ export interface ConsoleDeps {
   probes: ProbeCache;
   /** How long one probe may take. */
   probeTimeoutMs: number;
+  /** Where a request's spans are read from (request-trace.ts); undefined: tracing off. */
+  traces: TraceSource;
 }
 
 export const PAGE_SIZE = 50;

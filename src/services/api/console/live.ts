@@ -3,6 +3,7 @@
 import { CallplaneError } from "../../../lib/errors.js";
 import { formatAge, type ConsoleDeps } from "./context.js";
 import { html, type Html } from "./html.js";
+import { traceSection } from "./request-trace.js";
 import type { WorkerSeen } from "../../../plane/console-wire.js";
 
 /** Rows shown at most (the oldest first, as the replicas report them). */
@@ -178,7 +179,8 @@ export async function requestBody(c: ConsoleDeps, requestId: string): Promise<Ht
               plane's.
             </p>`
           : ""
-    }`;
+    }
+    ${await traceSection(c, requestId)}`;
 }
 
 // ---- which worker has a request (the replicas' WorkerSeen, plane/console-wire.ts)

@@ -21,7 +21,7 @@ import {
   tokenOf,
   type ConsoleAdmin,
 } from "./auth.js";
-import { pageNumber, type ConsoleDeps } from "./context.js";
+import { pageNumber, type ConsoleDeps, type TraceSource } from "./context.js";
 import { functionBody, functionsBody } from "./functions.js";
 import { certificateRows, certificatesBody } from "./certificates.js";
 import { healthBody, healthRows } from "./health.js";
@@ -46,6 +46,8 @@ export interface ConsoleOptions {
   callbackProxy?: { url: string } | { why: string } | undefined;
   /** How long the health page keeps what it asked other parts (5 s; tests 0). */
   probeCacheMs?: number;
+  /** Where the request page reads a request's spans (tracing's span file or query API); undefined: off. */
+  traces?: TraceSource;
   /** How long one probe of another part may take (250 ms). */
   probeTimeoutMs?: number;
 }
@@ -114,6 +116,7 @@ export function addConsoleRoutes(router: Router, deps: ApiDeps, opts: ConsoleOpt
     callbackProxy: opts.callbackProxy,
     probes: new ProbeCache(opts.probeCacheMs ?? 5000),
     probeTimeoutMs: opts.probeTimeoutMs ?? 250,
+    traces: opts.traces,
   };
   const live = new LiveHub({
     render: async () => (await inflightRows(c)).text,
