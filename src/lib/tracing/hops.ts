@@ -40,10 +40,12 @@ export function traceHttpServer(
     "http.route": route,
     "client.address": req.socket.remoteAddress,
   });
-  res.once("close", () => {
-    span.set("http.response.status_code", res.statusCode);
-    span.end(res.statusCode >= 500 ? new HttpStatusError(res.statusCode) : undefined);
-  });
+  // an unrecorded span (99 requests in 100 under npm start) has no end to write
+  if (span.recording)
+    res.once("close", () => {
+      span.set("http.response.status_code", res.statusCode);
+      span.end(res.statusCode >= 500 ? new HttpStatusError(res.statusCode) : undefined);
+    });
   return span;
 }
 

@@ -158,8 +158,16 @@ export class Tracing {
     this.tracer = this.provider.getTracer("callplane");
   }
 
-  /** A span whose parent is `parent` (ROOT_CONTEXT: a new trace). */
+  /**
+   * A span whose parent is `parent` (ROOT_CONTEXT: a new trace). Under a parent that is not sampled
+   * nothing is recorded (ParentBased), so the SDK is not asked: it would check the attributes, run
+   * the sampler and draw a span id for a span that goes nowhere, at every hop of 99 requests in 100
+   * under `npm start`. The parent's own context is passed on instead, unsampled (W3C trace context
+   * lets a hop that records nothing forward the traceparent it was given).
+   */
   start(name: string, kind: SpanKind, parent: Context, attributes?: Attributes, links?: Link[]): TraceSpan {
+    const p = trace.getSpanContext(parent);
+    if (p && (p.traceFlags & TraceFlags.SAMPLED) === 0) return new TraceSpan(this, trace.wrapSpanContext(p));
     return new TraceSpan(this, this.tracer.startSpan(name, { kind, attributes, links }, parent));
   }
 
@@ -357,6 +365,8 @@ export class TraceSpan {
     call: Promise<T>,
     untilBody = false,
   ): Promise<T> {
+    // an unrecorded span has nothing to note and nobody waiting for its end
+    if (!this.recording) return call;
     call.then(
       (r) => {
         this.set("http.response.status_code", r.statusCode);
@@ -371,6 +381,7 @@ export class TraceSpan {
 
   /** Ends the span when `p` settles (failed if it rejects); returns `p`. */
   until<T>(p: Promise<T>): Promise<T> {
+    if (!this.recording) return p;
     p.then(
       () => this.end(),
       (err: unknown) => this.end(err),
