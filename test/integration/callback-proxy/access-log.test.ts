@@ -19,13 +19,10 @@ import {
   accessLogLines,
   answerAccessLogQuestions,
 } from "../../../src/services/callback-proxy/access-log-answers.js";
-import { createCallbackProxy } from "../../../src/services/callback-proxy/service.js";
 import { startNats, type Nats } from "../../testkit/nats.js";
-import { freePort } from "../../testkit/plane.js";
-import { rawTls, startCountingPod, testPki, type TestPki } from "../../testkit/tls.js";
+import { DOMAIN, POD, startProxyFixture, type ProxyFixtureOptions } from "../../testkit/callback-proxy.js";
+import { rawTls, testPki, type TestPki } from "../../testkit/tls.js";
 
-const DOMAIN = "nvcf.svc.cluster.local";
-const POD = `127-0-0-1.invocation.${DOMAIN}`;
 const GRPC_POD = `127-0-0-1.grpc-headless.${DOMAIN}`;
 const PATH = "/v2/nvcf/worker/request-attach";
 
@@ -48,36 +45,22 @@ async function startGrpcPod(t: TestContext, pki: TestPki, accept: () => string |
 async function fixture(t: TestContext, nats: Nats | undefined) {
   const pki = await testPki();
   // the pod answers as a replica does: its answer to request-attach names the request
-  const pod = await startCountingPod(t, await pki.issue([POD]), (req, res) => {
+  const podHandler: ProxyFixtureOptions["podHandler"] = (req, res) => {
     const id = req.headers["x-test-request-id"];
     res.writeHead(200, {
       "content-type": "application/json",
       ...(typeof id === "string" ? { [NVCF_HEADERS.reqId]: id } : {}),
     });
     res.end("{}");
-  });
+  };
   let accepted: string | undefined;
   const grpcPort = await startGrpcPod(t, pki, () => accepted);
-  const front = await pki.issue(["*.worker.callplane.test"]);
-  const stdout: string[] = [];
-  const proxy = await createCallbackProxy({
-    listen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
-    metricsListen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
-    serviceDomain: DOMAIN,
-    workerDomain: "worker.callplane.test",
-    podNetworks: ["127.0.0.0/29"],
-    upstreamTls: true,
-    podPort: pod.port,
-    grpcPodPort: grpcPort,
-    frontend: { cert: front.certPem, key: front.keyPem },
-    podCa: pki.ca.certPem,
-    timeouts: { headersMs: 10_000, idleMs: 30_000, connectMs: 2000 },
-    maxHeaderBytes: 16 * 1024,
-    shutdownGraceMs: 5000,
-    onAccessLog: (line) => stdout.push(line),
-  });
-  const urls = await proxy.listen();
-  t.after(() => proxy.close(1000));
+  const {
+    proxy,
+    pod,
+    proxyPort: port,
+    lines: stdout,
+  } = await startProxyFixture(t, { pki, podHandler, grpcPodPort: grpcPort });
   const answers = answerAccessLogQuestions({
     nats: () => {
       if (!nats) throw new Error("no NATS key for callback-proxy");
@@ -89,7 +72,6 @@ async function fixture(t: TestContext, nats: Nats | undefined) {
     retryMs: 200,
   });
   t.after(() => answers.close());
-  const port = Number(urls.proxy.port);
   return {
     stdout,
     adminSocket: proxy.adminSocket,

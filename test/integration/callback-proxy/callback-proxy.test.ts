@@ -8,12 +8,9 @@ import { test, type TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect as tlsConnect } from "node:tls";
 import { Agent } from "undici";
-import { createCallbackProxy } from "../../../src/services/callback-proxy/service.js";
-import { freePort } from "../../testkit/plane.js";
-import { rawTls, startCountingPod, testPki, type CountingPod, type TestPki } from "../../testkit/tls.js";
+import { DOMAIN, POD, startProxyFixture, type ProxyFixtureOptions } from "../../testkit/callback-proxy.js";
+import { rawTls, type CountingPod, type TestPki } from "../../testkit/tls.js";
 
-const DOMAIN = "nvcf.svc.cluster.local";
-const POD = `127-0-0-1.invocation.${DOMAIN}`;
 const PATH = "/v2/nvcf/worker/request-attach";
 
 interface Fixture {
@@ -24,46 +21,12 @@ interface Fixture {
   accessLog: () => Array<Record<string, unknown>>;
 }
 
-async function fixture(
-  t: TestContext,
-  opts: {
-    idleMs?: number;
-    headersMs?: number;
-    podCert?: "ok" | "other-ca" | "other-name";
-    podHandler?: Parameters<typeof startCountingPod>[2];
-    /** The grpc-proxy pods' worker TLS port: "pod" for the counting pod's (unset: tunnels refused). */
-    grpcPodPort?: "pod";
-  } = {},
-): Promise<Fixture> {
-  const pki = await testPki();
-  let podCert = await pki.issue([POD]);
-  if (opts.podCert === "other-ca") podCert = await (await testPki()).issue([POD]);
-  if (opts.podCert === "other-name") podCert = await pki.issue([`127-0-0-2.invocation.${DOMAIN}`]);
-  const pod = await startCountingPod(t, podCert, opts.podHandler);
-  const front = await pki.issue(["*.worker.callplane.test"]);
-  const lines: string[] = [];
-  const proxy = await createCallbackProxy({
-    listen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
-    metricsListen: { host: "127.0.0.1", port: await freePort("127.0.0.1") },
-    serviceDomain: DOMAIN,
-    workerDomain: "worker.callplane.test",
-    podNetworks: ["127.0.0.0/29"],
-    upstreamTls: true,
-    podPort: pod.port,
-    grpcPodPort: opts.grpcPodPort === "pod" ? pod.port : undefined,
-    frontend: { cert: front.certPem, key: front.keyPem },
-    podCa: pki.ca.certPem,
-    timeouts: { headersMs: opts.headersMs ?? 10_000, idleMs: opts.idleMs ?? 30_000, connectMs: 2000 },
-    maxHeaderBytes: 16 * 1024,
-    shutdownGraceMs: 5000,
-    onAccessLog: (line) => lines.push(line),
-  });
-  const urls = await proxy.listen();
-  t.after(() => proxy.close(1000));
+async function fixture(t: TestContext, opts: ProxyFixtureOptions = {}): Promise<Fixture> {
+  const { pki, pod, proxyPort, lines } = await startProxyFixture(t, opts);
   return {
     pki,
     pod,
-    proxyPort: Number(urls.proxy.port),
+    proxyPort,
     target: `http://${POD}:${pod.port}`,
     accessLog: () =>
       lines.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === "callback"),
