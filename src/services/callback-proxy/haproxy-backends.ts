@@ -52,11 +52,45 @@ export function gatewayAnswerLines(): string[] {
   ];
 }
 
+/**
+ * A server that dials pods over TLS, verified against a CA bundle: its backend, its name in the
+ * configuration, and its address and settings for a given bundle (what a CA rotation repeats with
+ * the new bundle, haproxy.ts).
+ */
+export interface PodTlsServer {
+  backend: string;
+  name: string;
+  settings(caFile: string): string;
+}
+
+/** The TLS servers to pods: the callbacks' (with upstream TLS) and the tunnels'. */
+export function podTlsServers(
+  o: Pick<HaproxyConfigOptions, "upstreamTls" | "poolMaxConnections">,
+): PodTlsServer[] {
+  const tlsTo = (caFile: string, sni: string) =>
+    `0.0.0.0:0 ssl verify required ca-file ${caFile} sni ${sni} alpn http/1.1 ssl-min-ver TLSv1.2`;
+  const pool = o.poolMaxConnections ? ` pool-max-conn ${o.poolMaxConnections}` : "";
+  return [
+    ...(o.upstreamTls
+      ? [
+          {
+            backend: "invocation_pods",
+            name: "pod",
+            settings: (ca: string) => `${tlsTo(ca, "var(txn.pod)")}${pool}`,
+          },
+        ]
+      : []),
+    { backend: "grpc_pods", name: "grpc", settings: (ca: string) => tlsTo(ca, "var(txn.target)") },
+  ];
+}
+
 /** The backends `invocation_pods` (callbacks) and `grpc_pods` (tunnels). */
 export function backendLines(o: HaproxyConfigOptions): string[] {
-  const tlsTo = (sni: string) =>
-    `ssl verify required ca-file ${o.files.podCa} sni ${sni} alpn http/1.1 ssl-min-ver TLSv1.2`;
   const pool = o.poolMaxConnections ? ` pool-max-conn ${o.poolMaxConnections}` : "";
+  const server = (backend: string) => {
+    const s = podTlsServers(o).find((x) => x.backend === backend);
+    return s ? `  server ${s.name} ${s.settings(o.files.podCa)}` : `  server pod 0.0.0.0:0${pool}`;
+  };
   return [
     "backend invocation_pods",
     // connections to a pod are pooled and shared by every worker's callbacks to it
@@ -67,13 +101,11 @@ export function backendLines(o: HaproxyConfigOptions): string[] {
     "  http-request del-header keep-alive",
     "  http-request del-header expect",
     "  http-request set-header host %[var(txn.authority)]",
-    o.upstreamTls
-      ? `  server pod 0.0.0.0:0 ${tlsTo("var(txn.pod)")}${pool}`
-      : `  server pod 0.0.0.0:0${pool}`,
+    server("invocation_pods"),
     ...gatewayErrors(o),
     "",
     "backend grpc_pods",
-    `  server grpc 0.0.0.0:0 ${tlsTo("var(txn.target)")}`,
+    server("grpc_pods"),
     ...gatewayErrors(o),
     "",
   ];

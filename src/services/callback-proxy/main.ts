@@ -11,6 +11,7 @@ import { parseHostPort } from "../../lib/net/index.js";
 import { runService, type Running } from "../../lib/process/index.js";
 import { TlsReloader } from "../../lib/tls/index.js";
 import { createRegistry } from "../../lib/metrics.js";
+import { podTlsServers } from "./haproxy-backends.js";
 import { READY_SERVER } from "./haproxy-config.js";
 import { haproxySettings } from "./haproxy-options.js";
 import { HaproxyRuntime } from "./haproxy.js";
@@ -58,7 +59,8 @@ runService(
       const podCa = new TlsReloader(
         "pod-ca",
         files.ca,
-        (m) => runtime.replaceCa(files.ca.caFile, m.ca!),
+        // the TLS servers to pods as the rendered configuration has them (the same settings)
+        (m) => runtime.replaceCa(files.ca.caFile, m.ca!, podTlsServers(haproxySettings(config))),
         logger,
         registry,
       );

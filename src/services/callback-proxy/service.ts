@@ -11,6 +11,7 @@ import { silentLogger, type Logger } from "../../lib/log.js";
 import type { HostPort } from "../../lib/net/index.js";
 import { formatHostPort } from "../../lib/net/index.js";
 import type { TlsMaterial } from "../../lib/tls/index.js";
+import { podTlsServers } from "./haproxy-backends.js";
 import { haproxyConfig, READY_SERVER } from "./haproxy-config.js";
 import type { HaproxyConfigOptions } from "./haproxy-options.js";
 import { haproxyErrorFiles } from "./haproxy-parser-errors.js";
@@ -174,8 +175,9 @@ function callbackProxy(opts: CallbackProxyOptions) {
     },
     /** New CA bundle for pod certificates: new connections to pods verify against it. */
     setPodCa(ca: string): Promise<void> {
+      // on disk for a restart; HAProxy gets it through its runtime API
       writeFileAtomic(files.podCa, ca, 0o644);
-      return runtime.replaceCa(files.podCa, ca);
+      return runtime.replaceCa(files.podCa, ca, podTlsServers(opts));
     },
     /** Whether a stop has begun (/health then answers 503). */
     get draining(): boolean {

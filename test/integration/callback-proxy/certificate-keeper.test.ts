@@ -15,6 +15,7 @@ import { haproxyErrorFiles } from "../../../src/services/callback-proxy/haproxy-
 import {
   checkHaproxyConfig,
   haproxyBinary,
+  haproxyCommand,
   startHaproxy,
 } from "../../../src/services/callback-proxy/haproxy.js";
 import { waitFor } from "../../testkit/client.js";
@@ -35,7 +36,7 @@ function servedSerial(port: number, ca: string): Promise<string> {
   });
 }
 
-test("the keeper replaces the frontend certificate of an HAProxy it did not start, and withdraws its readiness when it stops", async (t) => {
+test("the keeper replaces the frontend certificate and the pods' CA of an HAProxy it did not start, and withdraws its readiness when it stops", async (t) => {
   const pki = await testPki();
   const dir = tmpDir(t);
   const certFile = join(dir, "frontend", "tls.crt");
@@ -112,6 +113,36 @@ test("the keeper replaces the frontend certificate of an HAProxy it did not star
     (await servedSerial(port, pki.ca.certPem)) === want ? true : undefined,
   );
   assert.equal(await health(), 200, "a replacement does not touch readiness");
+
+  // a new CA bundle: each TLS server to pods gets a successor that verifies against it (HAProxy
+  // 2.6's commit does not reach server lines; ca-rotation.test.ts checks the connections), with
+  // the settings the keeper derives from the same environment file as the rendered configuration
+  const next = await testPki();
+  writeFileAtomic(caFile, `${pki.ca.certPem.trim()}\n${next.ca.certPem}`, 0o644);
+  /** The servers of `backend`, and whether each is in maintenance (srv_admin_state's first bit). */
+  const servers = async (backend: string) =>
+    (await haproxyCommand(options.files.adminSocket, `show servers state ${backend}`))
+      .split("\n")
+      .filter((l) => l && !l.startsWith("#") && l.includes(" "))
+      .map((l) => l.split(" "))
+      .map((f) => ({ name: f[3], maintenance: (Number(f[6]) & 1) === 1 }));
+  const inUse = async (backend: string) =>
+    (await servers(backend)).filter((s) => !s.maintenance).map((s) => s.name);
+  await waitFor("the keeper to give the pod servers successors", async () =>
+    (await inUse("grpc_pods")).includes("grpc-1") ? true : undefined,
+  );
+  assert.deepEqual(await inUse("invocation_pods"), ["pod-1"]);
+  assert.deepEqual(await inUse("grpc_pods"), ["grpc-1"]);
+  // the retired servers go once nothing uses them (none does here)
+  await waitFor(
+    "the retired servers to be deleted",
+    async () =>
+      (await servers("invocation_pods")).length === 1 && (await servers("grpc_pods")).length === 1
+        ? true
+        : undefined,
+    20_000,
+  );
+  assert.equal(await health(), 200, "a CA rotation does not touch readiness");
 
   const exit = await keeper.stop(5000);
   assert.equal(exit.code, 0);
