@@ -30,6 +30,8 @@ export class ReplicaRegistry {
   private readonly key: string;
   /** When this replica joined: each refresh keeps it (the operator console shows it). */
   private readonly startedAt = new Date().toISOString();
+  /** A refresh is under way (one that remakes the bucket can outlast the interval). */
+  private refreshing = false;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -58,32 +60,46 @@ export class ReplicaRegistry {
   }
 
   async start(): Promise<void> {
+    await this.open();
+    await this.kv!.put(this.key, this.entry());
+    // refresh well within the TTL, so one late refresh does not drop a live replica
+    this.timer = setInterval(() => void this.refresh(), Math.max(250, Math.floor(this.ttlMs / 3)));
+    this.timer.unref();
+    // A replica destroyed without close() (or whose connection is closed under it) must stop
+    // refreshing: every later put fails on the closed connection, and the timer would warn about it
+    // every few seconds for as long as the process lives. Its entry then expires within the TTL.
+    void this.nc.closed().then(() => this.stopRefreshing());
+  }
+
+  /** Makes the bucket, or binds to it when it exists. */
+  private async open(): Promise<void> {
     this.kv = await new Kvm(this.nc).create(this.bucket, {
       history: 1,
       ttl: this.ttlMs,
       storage: "memory" as never,
       replicas: this.replicas,
     });
-    await this.kv.put(this.key, this.entry());
-    // refresh well within the TTL, so one late refresh does not drop a live replica
-    this.timer = setInterval(
-      () => {
-        this.kv
-          ?.put(this.key, this.entry())
-          .catch((err: unknown) =>
-            this.logger.warn(
-              { err: (err as Error).message },
-              "could not refresh this replica's registry entry",
-            ),
-          );
-      },
-      Math.max(250, Math.floor(this.ttlMs / 3)),
-    );
-    this.timer.unref();
-    // A replica destroyed without close() (or whose connection is closed under it) must stop
-    // refreshing: every later put fails on the closed connection, and the timer would warn about it
-    // every few seconds for as long as the process lives. Its entry then expires within the TTL.
-    void this.nc.closed().then(() => this.stopRefreshing());
+  }
+
+  private async refresh(): Promise<void> {
+    if (this.refreshing || !this.kv) return;
+    this.refreshing = true;
+    try {
+      await this.kv.put(this.key, this.entry());
+    } catch (err) {
+      // The bucket is kept in memory: a nats-server that restarted has lost it (the put then finds
+      // no stream: "jetstream is not enabled"), and no replica would ever be found again. Make it
+      // again and put the entry in it; every replica does the same at its next refresh.
+      try {
+        await this.open();
+        await this.kv.put(this.key, this.entry());
+        this.logger.info("the replica registry's bucket was gone (a NATS restart loses it); made it again");
+      } catch {
+        this.logger.warn({ err: (err as Error).message }, "could not refresh this replica's registry entry");
+      }
+    } finally {
+      this.refreshing = false;
+    }
   }
 
   private stopRefreshing(): void {
