@@ -111,7 +111,7 @@ export class HaproxyRuntime {
       const current = new Map<PodTlsServer, string[]>();
       let n = 0;
       for (const s of servers) {
-        const found = await this.servers(s.backend, s.name);
+        const found = await this.serversOf(s.backend, s.name);
         current.set(
           s,
           found.filter((x) => !x.maintenance).map((x) => x.name),
@@ -147,13 +147,19 @@ export class HaproxyRuntime {
       }
       this.logger.info({ what: `CA bundle ${file}`, as: caFile }, "callback proxy CA bundle replaced");
     };
+    return this.serialize(run);
+  }
+
+  /** Runs `run` after every update before it (two never interleave); the caller hears of its failure. */
+  private serialize(run: () => Promise<void>): Promise<void> {
     const next = this.queue.then(run);
+    // the caller hears of a failure (its reloader logs and counts it); the queue goes on
     this.queue = next.catch(() => undefined);
     return next;
   }
 
   /** The servers of `backend` that are `name` or one of its successors, and which are retired. */
-  private async servers(
+  private async serversOf(
     backend: string,
     name: string,
   ): Promise<Array<{ name: string; maintenance: boolean }>> {
@@ -211,10 +217,7 @@ export class HaproxyRuntime {
       if (!/success/i.test(commit)) throw new Error(`${what}: ${commit}`);
       this.logger.info({ what }, "callback proxy certificate replaced");
     };
-    const next = this.queue.then(run);
-    // the caller hears of a failure (its reloader logs and counts it); the queue goes on
-    this.queue = next.catch(() => undefined);
-    return next;
+    return this.serialize(run);
   }
 }
 
